@@ -1,0 +1,202 @@
+//! Search engines: one trait, a CPU implementation (always present) and a CUDA one (when a GPU
+//! and the CUDA libraries are found at run time).
+//!
+//! Score contract, shared by every engine:
+//! - ip: `q·x`; cosine: `q̂·x̂` (both higher is better); l2: `|q−x|²` (lower is better).
+//! - With recency weighting (ip/cosine only): `s' = (1−w)·s + w·2^(−age_ms/half_life_ms)`,
+//!   `age_ms = max(0, now_ms − created_ms)`.
+//! - Rows with `expires_ms ≤ now_ms` and rows outside the namespace filter are never returned.
+//! - Results are sorted best first; ties are broken by the lower id. A query returns
+//!   `min(k, matching rows)` hits.
+
+pub mod cpu;
+pub mod cuda;
+
+use crate::error::Result;
+use crate::store::Store;
+use crate::types::{Hit, Metric, SearchRequest};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Cpu = 1,
+    Cuda = 2,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Cpu => "cpu",
+            EngineKind::Cuda => "cuda",
+        }
+    }
+}
+
+pub trait Engine: Send {
+    fn kind(&self) -> EngineKind;
+    /// Human-readable description (e.g. "cpu-avx2x2" or "cuda-sm90-f16").
+    fn describe(&self) -> String;
+    /// Brings the engine's own copy of the table (if any) up to date: `dirty` lists rows whose
+    /// contents changed since the last sync (rows ≥ `store.len()` are gone and must be ignored).
+    fn sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()>;
+    /// Exact top-k for every query in `req`; `out` is resized to `req.nq`, each entry sorted best
+    /// first.
+    fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()>;
+}
+
+/// Bounded selection of the best `k` (key, id) pairs: larger key is better, ties go to the
+/// lower id. Keys are "internal" scores (for L2 the negated distance).
+pub struct TopK {
+    k: usize,
+    /// Min-heap on (key, -id): the root is the worst kept entry.
+    heap: Vec<(f32, u64)>,
+}
+
+#[inline]
+fn worse(a: (f32, u64), b: (f32, u64)) -> bool {
+    // a is worse than b
+    a.0 < b.0 || (a.0 == b.0 && a.1 > b.1)
+}
+
+impl TopK {
+    pub fn new(k: usize) -> TopK {
+        TopK { k, heap: Vec::with_capacity(k) }
+    }
+    pub fn reset(&mut self, k: usize) {
+        self.k = k;
+        self.heap.clear();
+    }
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+    /// Key a candidate must beat (or tie with a lower id) to enter; `-inf` until full.
+    #[inline]
+    pub fn threshold(&self) -> f32 {
+        if self.heap.len() < self.k {
+            f32::NEG_INFINITY
+        } else {
+            self.heap[0].0
+        }
+    }
+    #[inline]
+    pub fn push(&mut self, key: f32, id: u64) {
+        let e = (key, id);
+        if self.heap.len() < self.k {
+            self.heap.push(e);
+            let mut i = self.heap.len() - 1;
+            while i > 0 {
+                let p = (i - 1) / 2;
+                if worse(self.heap[i], self.heap[p]) {
+                    self.heap.swap(i, p);
+                    i = p;
+                } else {
+                    break;
+                }
+            }
+        } else if worse(self.heap[0], e) {
+            self.heap[0] = e;
+            let n = self.heap.len();
+            let mut i = 0;
+            loop {
+                let l = 2 * i + 1;
+                let r = l + 1;
+                let mut m = i;
+                if l < n && worse(self.heap[l], self.heap[m]) {
+                    m = l;
+                }
+                if r < n && worse(self.heap[r], self.heap[m]) {
+                    m = r;
+                }
+                if m == i {
+                    break;
+                }
+                self.heap.swap(i, m);
+                i = m;
+            }
+        }
+    }
+    /// Merges another selection into this one.
+    pub fn merge(&mut self, other: &TopK) {
+        for &(k, id) in &other.heap {
+            self.push(k, id);
+        }
+    }
+    /// Best first.
+    pub fn sorted(&self) -> Vec<(f32, u64)> {
+        let mut v = self.heap.clone();
+        v.sort_unstable_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        v
+    }
+    /// Best first, converted to caller-facing hits for `metric`.
+    pub fn into_hits(&self, metric: Metric) -> Vec<Hit> {
+        self.sorted().into_iter().map(|(key, id)| Hit { id, score: key_to_score(metric, key) }).collect()
+    }
+}
+
+/// Internal key → caller-facing score (L2 keys are negated distances).
+#[inline]
+pub fn key_to_score(metric: Metric, key: f32) -> f32 {
+    if metric == Metric::L2 {
+        -key
+    } else {
+        key
+    }
+}
+
+/// The recency term `2^(−age/half_life)`.
+#[inline]
+pub fn recency_boost(now_ms: u64, created_ms: u64, half_life_ms: f64) -> f32 {
+    let age = now_ms.saturating_sub(created_ms) as f64;
+    (-age / half_life_ms).exp2() as f32
+}
+
+/// Straightforward float64 search over the store. It is the reference the tests compare every
+/// engine against; it is not used to serve requests.
+pub fn reference_search(store: &Store, req: &SearchRequest<'_>) -> Vec<Vec<(f64, u64)>> {
+    let dim = store.dim();
+    let metric = store.metric();
+    let mut out = Vec::with_capacity(req.nq);
+    for qi in 0..req.nq {
+        let q = &req.queries[qi * dim..(qi + 1) * dim];
+        let mut all: Vec<(f64, u64)> = Vec::new();
+        for row in 0..store.len() {
+            if !req.filter.matches(store.namespaces()[row]) || store.expires_ms()[row] <= req.now_ms {
+                continue;
+            }
+            let x = &store.vectors()[row * dim..(row + 1) * dim];
+            let mut s = match metric {
+                Metric::L2 => -q.iter().zip(x).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum::<f64>(),
+                _ => q.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>(),
+            };
+            if let Some(r) = req.recency {
+                let age = req.now_ms.saturating_sub(store.created_ms()[row]) as f64;
+                s = (1.0 - r.weight as f64) * s + r.weight as f64 * (-age / r.half_life_ms).exp2();
+            }
+            all.push((s, store.ids()[row]));
+        }
+        all.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+        all.truncate(req.k);
+        out.push(all.into_iter().map(|(s, id)| (if metric == Metric::L2 { -s } else { s }, id)).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topk_keeps_best_and_breaks_ties_by_lower_id() {
+        let mut t = TopK::new(3);
+        for (k, id) in [(1.0, 5), (3.0, 9), (3.0, 2), (2.0, 1), (3.0, 7), (0.5, 0)] {
+            t.push(k, id);
+        }
+        assert_eq!(t.sorted(), vec![(3.0, 2), (3.0, 7), (3.0, 9)]);
+        let mut u = TopK::new(2);
+        u.push(4.0, 100);
+        t.merge(&u);
+        assert_eq!(t.sorted(), vec![(4.0, 100), (3.0, 2), (3.0, 7)]);
+    }
+}

@@ -1,0 +1,1 @@
+//! JNI exports (added by the Java binding).

@@ -1,0 +1,497 @@
+//! The shared-memory segment: layout v1, creation, attachment and validation.
+//!
+//! ```text
+//! offset 0      Header (one 4 KiB page): magic, layout version, sizes, dim/metric/dtype,
+//!               owner uid, server pid + start time, epoch, heartbeat, server state,
+//!               doorbell futex word + parked flag (own cache lines)
+//! offset 4096   slot 0: SlotHeader (64 B) + data area (slot_data_bytes, 64-aligned)
+//!               slot 1 ...
+//! ```
+//!
+//! The creator writes every field, then stores `magic` last with release ordering; an
+//! attacher that sees the magic sees a complete header. Every field an attacher reads is
+//! validated against the size of its own mapping before any offset is trusted.
+
+pub mod futex;
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::error::{Error, Result, Status};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"KALOSSHM");
+pub const LAYOUT_VERSION: u32 = 1;
+pub const HEADER_BYTES: usize = 4096;
+pub const SLOT_HEADER_BYTES: usize = 64;
+
+/// Server states stored in `Header::server_state`.
+pub const SERVER_STARTING: u32 = 0;
+pub const SERVER_RUNNING: u32 = 1;
+pub const SERVER_STOPPED: u32 = 2;
+pub const SERVER_DEAD: u32 = 3;
+
+/// Slot states (low 8 bits of `SlotHeader::state`).
+///
+/// The state word is `pid << 32 | (generation & 0xFF_FFFF) << 8 | state`: the claimer's pid is
+/// recorded by the same CAS that claims the slot, so a slot can always be traced to a process,
+/// and the generation makes every claim distinct, so a late client can never complete or read
+/// someone else's request. Futex waiters wait on the low 32 bits (generation + state).
+pub const SLOT_FREE: u64 = 0;
+pub const SLOT_CLAIMED: u64 = 1;
+pub const SLOT_SUBMITTED: u64 = 2;
+pub const SLOT_PROCESSING: u64 = 3;
+pub const SLOT_DONE: u64 = 4;
+pub const SLOT_ABANDONED: u64 = 5;
+pub const GEN_MASK: u64 = 0xFF_FFFF;
+
+#[inline]
+pub fn pack(pid: u32, gen: u64, state: u64) -> u64 {
+    ((pid as u64) << 32) | ((gen & GEN_MASK) << 8) | state
+}
+#[inline]
+pub fn state_of(word: u64) -> u64 {
+    word & 0xff
+}
+#[inline]
+pub fn gen_of(word: u64) -> u64 {
+    (word >> 8) & GEN_MASK
+}
+#[inline]
+pub fn pid_of(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+/// Same claim (pid + generation), different state.
+#[inline]
+pub fn with_state(word: u64, state: u64) -> u64 {
+    (word & !0xff) | state
+}
+
+#[repr(C, align(64))]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub layout_version: u32,
+    pub header_bytes: u32,
+    pub total_bytes: u64,
+    pub slot_count: u32,
+    pub slot_stride: u32,
+    pub slot_data_bytes: u32,
+    pub dim: u32,
+    pub metric: u32,
+    pub dtype: u32,
+    pub max_k: u32,
+    pub max_payload: u32,
+    pub owner_uid: u32,
+    pub _pad0: u32,
+    pub capacity: u64,
+    pub server_pid: AtomicU32,
+    pub server_state: AtomicU32,
+    pub server_start_ticks: AtomicU64,
+    pub epoch: AtomicU64,
+    /// CLOCK_MONOTONIC milliseconds of the server's last loop iteration or housekeeping tick.
+    pub heartbeat_ms: AtomicU64,
+    pub _pad1: [u64; 4],
+    // --- own cache line: the doorbell
+    pub doorbell: AtomicU32,
+    pub server_parked: AtomicU32,
+    pub _pad2: [u64; 7],
+}
+
+#[repr(C, align(64))]
+pub struct SlotHeader {
+    /// `pid << 32 | gen << 8 | state` (see the slot state constants).
+    pub state: AtomicU64,
+    /// 1 while the client may be sleeping in a futex wait on `state`.
+    pub waiting: AtomicU32,
+    pub _reserved: AtomicU32,
+    /// Start time of the claiming process (0 = not yet written), to detect pid reuse.
+    pub client_start_ticks: AtomicU64,
+    pub req_len: AtomicU32,
+    pub resp_len: AtomicU32,
+    pub status: AtomicU32,
+    pub _pad: [u32; 7],
+}
+
+const _: () = assert!(std::mem::size_of::<SlotHeader>() == SLOT_HEADER_BYTES);
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+
+/// Geometry and identity of a segment, as the creator chooses it.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    pub slot_count: u32,
+    pub slot_data_bytes: u32,
+    pub dim: u32,
+    pub metric: u32,
+    pub dtype: u32,
+    pub max_k: u32,
+    pub max_payload: u32,
+    pub capacity: u64,
+}
+
+impl Geometry {
+    pub fn slot_stride(&self) -> usize {
+        SLOT_HEADER_BYTES + (self.slot_data_bytes as usize).div_ceil(64) * 64
+    }
+    pub fn total_bytes(&self) -> usize {
+        HEADER_BYTES + self.slot_count as usize * self.slot_stride()
+    }
+}
+
+/// A mapped segment (either side). Unmapped on drop.
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+    pub shm_name: String,
+    pub geometry: Geometry,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics and bounded byte copies;
+// the raw pointer is valid for `len` bytes until drop, and no thread-affine state is held.
+unsafe impl Send for Segment {}
+// SAFETY: as above; concurrent access is coordinated by the slot protocol's atomics.
+unsafe impl Sync for Segment {}
+
+pub fn shm_name(name: &str) -> String {
+    format!("/kalos.{name}")
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).expect("validated names hold no NUL")
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of /proc/pid/stat), used with the
+/// pid to tell a live process from a reused pid. `None` when the process does not exist.
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    // fields after ")" start at field 3 (state); starttime is field 22 → index 19
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+pub fn self_start_ticks() -> u64 {
+    process_start_ticks(std::process::id()).unwrap_or(0)
+}
+
+/// True if a process with this pid exists and started at `start_ticks`.
+pub fn process_alive(pid: u32, start_ticks: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match process_start_ticks(pid) {
+        Some(t) => t == start_ticks,
+        None => false,
+    }
+}
+
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into our local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The lock that elects the one server of a name: an flock on `/kalos.<name>.lock`, held for the
+/// server's life and released by the kernel when the process dies, even by SIGKILL.
+pub struct ServerLock {
+    fd: libc::c_int,
+}
+
+impl ServerLock {
+    /// Tries to take the lock without blocking. `Ok(None)` when another live process holds it.
+    pub fn try_acquire(name: &str, mode: u32) -> Result<Option<ServerLock>> {
+        let path = cstr(&format!("{}.lock", shm_name(name)));
+        // SAFETY: valid C string; shm_open returns a new fd or -1.
+        let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, mode as libc::mode_t) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            let st = if e.raw_os_error() == Some(libc::EACCES) { Status::PermissionDenied } else { Status::Io };
+            return Err(Error::new(st, format!("open lock {}: {e}", path.to_string_lossy())));
+        }
+        // SAFETY: fd is ours.
+        let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: fd is ours and closed once.
+            unsafe { libc::close(fd) };
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Ok(None);
+            }
+            return Err(Error::io("flock", e));
+        }
+        Ok(Some(ServerLock { fd }))
+    }
+}
+
+impl Drop for ServerLock {
+    fn drop(&mut self) {
+        // SAFETY: fd is ours; closing releases the flock. The lock file itself stays (unlinking
+        // it would let two servers lock two different inodes of the same name).
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+impl Segment {
+    /// Creates the segment `O_EXCL` with `mode`, pre-faults it (a full /dev/shm fails here rather
+    /// than with SIGBUS later), writes the header and publishes the magic last. The caller must
+    /// hold the name's [`ServerLock`]; a stale segment of a dead server is removed first.
+    pub fn create(name: &str, g: &Geometry, mode: u32, epoch: u64) -> Result<Segment> {
+        let sname = shm_name(name);
+        let c = cstr(&sname);
+        // The lock is ours, so whatever is at this name is stale.
+        // SAFETY: valid C string.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+        // SAFETY: valid C string; returns fd or -1.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, mode as libc::mode_t) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            let st = match e.raw_os_error() {
+                Some(libc::EEXIST) => Status::AlreadyExists,
+                Some(libc::EACCES) => Status::PermissionDenied,
+                _ => Status::Io,
+            };
+            return Err(Error::new(st, format!("shm_open {sname}: {e}")));
+        }
+        let cleanup = |e: Error| -> Error {
+            // SAFETY: fd is ours; the name is ours to remove since creation succeeded.
+            unsafe {
+                libc::close(fd);
+                libc::shm_unlink(c.as_ptr());
+            }
+            e
+        };
+        // Override the umask so the requested mode is what the file gets.
+        // SAFETY: fd is valid.
+        unsafe { libc::fchmod(fd, mode as libc::mode_t) };
+        let total = g.total_bytes();
+        // SAFETY: fd is valid; ftruncate sets the size.
+        if unsafe { libc::ftruncate(fd, total as libc::off_t) } != 0 {
+            return Err(cleanup(Error::last_os("ftruncate segment")));
+        }
+        // SAFETY: fd is valid; posix_fallocate reserves tmpfs pages now (ENOSPC if full).
+        let r = unsafe { libc::posix_fallocate(fd, 0, total as libc::off_t) };
+        if r != 0 {
+            let e = std::io::Error::from_raw_os_error(r);
+            return Err(cleanup(Error::new(
+                Status::Io,
+                format!("cannot reserve {total} bytes of shared memory for {sname} (is /dev/shm full?): {e}"),
+            )));
+        }
+        let seg = match Self::map(fd, total, sname.clone(), g.clone()) {
+            Ok(s) => s,
+            Err(e) => return Err(cleanup(e)),
+        };
+        // SAFETY: fd no longer needed once mapped.
+        unsafe { libc::close(fd) };
+        // SAFETY: base is a fresh, zeroed, writable mapping of `total` ≥ HEADER_BYTES bytes,
+        // aligned to a page; nobody else can see it until the magic is published.
+        let h = unsafe { &mut *(seg.base as *mut Header) };
+        h.layout_version = LAYOUT_VERSION;
+        h.header_bytes = HEADER_BYTES as u32;
+        h.total_bytes = total as u64;
+        h.slot_count = g.slot_count;
+        h.slot_stride = g.slot_stride() as u32;
+        h.slot_data_bytes = g.slot_data_bytes;
+        h.dim = g.dim;
+        h.metric = g.metric;
+        h.dtype = g.dtype;
+        h.max_k = g.max_k;
+        h.max_payload = g.max_payload;
+        // SAFETY: geteuid has no preconditions.
+        h.owner_uid = unsafe { libc::geteuid() };
+        h.capacity = g.capacity;
+        h.server_pid.store(std::process::id(), Ordering::Relaxed);
+        h.server_start_ticks.store(self_start_ticks(), Ordering::Relaxed);
+        h.epoch.store(epoch, Ordering::Relaxed);
+        h.heartbeat_ms.store(monotonic_ms(), Ordering::Relaxed);
+        h.server_state.store(SERVER_STARTING, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+
+    fn map(fd: libc::c_int, len: usize, shm_name: String, geometry: Geometry) -> Result<Segment> {
+        // SAFETY: fd is a valid shm fd of at least `len` bytes; we ask for a fresh shared mapping.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os("mmap segment"));
+        }
+        Ok(Segment { base: p as *mut u8, len, shm_name, geometry })
+    }
+
+    /// Attaches to an existing segment, validating everything before trusting it.
+    /// Returns `NotFound` when no segment exists, `VersionMismatch` for another layout,
+    /// `PermissionDenied` for another owner, `Corrupt` for inconsistent sizes. A segment whose
+    /// magic is not yet published returns `NotFound` with "starting" in the message.
+    pub fn attach(name: &str) -> Result<Segment> {
+        let sname = shm_name(name);
+        let c = cstr(&sname);
+        // SAFETY: valid C string.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOENT) => Error::new(Status::NotFound, format!("no Kalos store named {name:?} is being served ({sname} does not exist)")),
+                Some(libc::EACCES) => Error::new(Status::PermissionDenied, format!("shm_open {sname}: {e}")),
+                _ => Error::new(Status::Io, format!("shm_open {sname}: {e}")),
+            });
+        }
+        let r = Self::attach_fd(fd, name, sname);
+        // SAFETY: fd is ours; the mapping (if any) stays valid after close.
+        unsafe { libc::close(fd) };
+        r
+    }
+
+    fn attach_fd(fd: libc::c_int, name: &str, sname: String) -> Result<Segment> {
+        // SAFETY: zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd valid, st is a valid out pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(Error::last_os("fstat segment"));
+        }
+        // SAFETY: no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if st.st_uid != uid {
+            return Err(Error::new(Status::PermissionDenied, format!("{sname} belongs to uid {}, not to us (uid {uid})", st.st_uid)));
+        }
+        let size = st.st_size as usize;
+        if size < HEADER_BYTES {
+            return Err(Error::new(Status::NotFound, format!("store {name:?} is starting (segment not sized yet)")));
+        }
+        let seg = Self::map(fd, size, sname.clone(), Geometry {
+            slot_count: 0,
+            slot_data_bytes: 0,
+            dim: 0,
+            metric: 0,
+            dtype: 0,
+            max_k: 0,
+            max_payload: 0,
+            capacity: 0,
+        })?;
+        let h = seg.header();
+        let magic = h.magic.load(Ordering::Acquire);
+        if magic == 0 {
+            return Err(Error::new(Status::NotFound, format!("store {name:?} is starting (header not published yet)")));
+        }
+        if magic != MAGIC {
+            return Err(Error::new(Status::Corrupt, format!("{sname} is not a Kalos segment (magic {magic:#x})")));
+        }
+        if h.layout_version != LAYOUT_VERSION {
+            return Err(Error::new(
+                Status::VersionMismatch,
+                format!("{sname} has layout version {}; this library speaks version {LAYOUT_VERSION}", h.layout_version),
+            ));
+        }
+        let g = Geometry {
+            slot_count: h.slot_count,
+            slot_data_bytes: h.slot_data_bytes,
+            dim: h.dim,
+            metric: h.metric,
+            dtype: h.dtype,
+            max_k: h.max_k,
+            max_payload: h.max_payload,
+            capacity: h.capacity,
+        };
+        let consistent = h.header_bytes as usize == HEADER_BYTES
+            && h.total_bytes as usize == size
+            && h.slot_count >= 1
+            && h.slot_count <= 4096
+            && h.slot_data_bytes >= 4096
+            && h.slot_stride as usize == g.slot_stride()
+            && g.total_bytes() == size
+            && h.dim >= 1
+            && h.dim as usize <= crate::types::MAX_DIM
+            && h.metric <= 2
+            && h.dtype <= 2
+            && h.max_k as usize == crate::types::MAX_K;
+        if !consistent {
+            return Err(Error::new(Status::Corrupt, format!("{sname}: header sizes are inconsistent with the {size}-byte mapping")));
+        }
+        if h.owner_uid != uid {
+            return Err(Error::new(Status::PermissionDenied, format!("{sname} header names owner uid {}, not {uid}", h.owner_uid)));
+        }
+        let mut seg = seg;
+        seg.geometry = g;
+        Ok(seg)
+    }
+
+    pub fn header(&self) -> &Header {
+        // SAFETY: base is page-aligned and the mapping is at least HEADER_BYTES long (checked at
+        // creation/attach); Header is repr(C) of atomics and plain integers, valid for any bits.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    pub fn slot_count(&self) -> usize {
+        self.geometry.slot_count as usize
+    }
+
+    pub fn slot(&self, i: usize) -> &SlotHeader {
+        assert!(i < self.slot_count());
+        // SAFETY: i < slot_count, and HEADER_BYTES + slot_count*stride == len (validated), so the
+        // slot header lies inside the mapping, 64-byte aligned; any bit pattern is valid.
+        unsafe { &*(self.base.add(HEADER_BYTES + i * self.geometry.slot_stride()) as *const SlotHeader) }
+    }
+
+    /// Raw pointer to slot `i`'s data area (`slot_data_bytes` long).
+    pub fn slot_data(&self, i: usize) -> *mut u8 {
+        assert!(i < self.slot_count());
+        // SAFETY: inside the mapping, as in `slot`.
+        unsafe { self.base.add(HEADER_BYTES + i * self.geometry.slot_stride() + SLOT_HEADER_BYTES) }
+    }
+
+    pub fn data_bytes(&self) -> usize {
+        self.geometry.slot_data_bytes as usize
+    }
+
+    /// Copies `len` bytes out of slot `i`'s data area into `dst` (len is clamped by the caller).
+    pub fn read_data(&self, i: usize, dst: &mut Vec<u8>, len: usize) {
+        let len = len.min(self.data_bytes());
+        dst.clear();
+        dst.reserve(len);
+        // SAFETY: source lies within slot i's data area (len ≤ data_bytes); dst has capacity
+        // `len`. The bytes may be changed concurrently by a misbehaving peer; we copy them once
+        // and only ever parse the private copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.slot_data(i), dst.as_mut_ptr(), len);
+            dst.set_len(len);
+        }
+    }
+
+    /// Copies `src` into slot `i`'s data area at `offset`. Panics if it would overflow (callers
+    /// check sizes first).
+    pub fn write_data(&self, i: usize, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.data_bytes());
+        // SAFETY: destination range is inside slot i's data area (asserted above).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot_data(i).add(offset), src.len()) };
+    }
+
+    /// Removes the name (server side, at shutdown). Mappings stay valid until unmapped.
+    pub fn unlink(&self) {
+        let c = cstr(&self.shm_name);
+        // SAFETY: valid C string.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+    }
+
+    pub fn server_alive(&self) -> bool {
+        let h = self.header();
+        let st = h.server_state.load(Ordering::Acquire);
+        if st == SERVER_STOPPED || st == SERVER_DEAD {
+            return false;
+        }
+        process_alive(h.server_pid.load(Ordering::Relaxed), h.server_start_ticks.load(Ordering::Relaxed))
+    }
+}
+
+/// Low 32 bits of a 64-bit atomic, for futex calls (little-endian x86-64 / aarch64).
+pub fn low_word(a: &AtomicU64) -> &AtomicU32 {
+    // SAFETY: an AtomicU64 is 8-byte aligned; its first 4 bytes are a valid, aligned AtomicU32
+    // on little-endian targets, and mixed-size atomic access is what the futex ABI requires.
+    unsafe { &*(a.as_ptr() as *const AtomicU32) }
+}
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("Kalos's futex-on-low-word scheme assumes a little-endian target");
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: base/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}

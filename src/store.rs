@@ -1,0 +1,432 @@
+//! The memory table, owned by the server thread.
+//!
+//! Column layout (structure of arrays) so that scans read only what they need:
+//! `vectors` is one dense row-major `f32` block of `len * dim` values; `ids`, `namespaces`,
+//! `created_ms`, `expires_ms` and `payloads` are parallel columns. Deleting swaps the last row
+//! into the hole, so the table stays dense and an engine mirror (the GPU copy) only has to
+//! re-upload the rows listed in [`Store::take_dirty`].
+//!
+//! For the cosine metric vectors are stored normalised (the scan is then an inner product) and
+//! the original norm is kept in `norms`, so `get` returns the vector the caller wrote (up to
+//! rounding). For L2 `norms` holds `|x|²` so the scan is `|q|² − 2q·x + |x|²`.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result, Status};
+use crate::types::{check_finite, Metric};
+
+/// Expiry value meaning "never expires".
+pub const NEVER: u64 = u64::MAX;
+
+/// One memory to write.
+#[derive(Debug, Clone)]
+pub struct UpsertItem<'a> {
+    pub id: u64,
+    pub namespace: u64,
+    /// Raw vector as the caller wrote it (`dim` values).
+    pub vector: &'a [f32],
+    pub payload: Option<&'a [u8]>,
+    pub created_ms: u64,
+    /// Unix ms at which the memory expires, or [`NEVER`].
+    pub expires_ms: u64,
+}
+
+/// What `get` returns for one id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub id: u64,
+    pub namespace: u64,
+    pub vector: Vec<f32>,
+    pub payload: Option<Vec<u8>>,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+}
+
+pub struct Store {
+    dim: usize,
+    metric: Metric,
+    capacity: usize,
+    max_payload: usize,
+    vectors: Vec<f32>,
+    /// Cosine: original |x|; L2: |x|² of the stored row; IP: unused (1.0).
+    norms: Vec<f32>,
+    ids: Vec<u64>,
+    namespaces: Vec<u64>,
+    created_ms: Vec<u64>,
+    expires_ms: Vec<u64>,
+    payloads: Vec<Option<Box<[u8]>>>,
+    index: HashMap<u64, u32>,
+    /// Rows whose contents changed since the last `take_dirty`.
+    dirty: Vec<u32>,
+    /// Number of rows with an expiry (lets the purge skip the common case).
+    expiring: usize,
+    payload_bytes: usize,
+}
+
+impl Store {
+    pub fn new(dim: usize, metric: Metric, capacity: usize, max_payload: usize) -> Store {
+        Store {
+            dim,
+            metric,
+            capacity,
+            max_payload,
+            vectors: Vec::new(),
+            norms: Vec::new(),
+            ids: Vec::new(),
+            namespaces: Vec::new(),
+            created_ms: Vec::new(),
+            expires_ms: Vec::new(),
+            payloads: Vec::new(),
+            index: HashMap::new(),
+            dirty: Vec::new(),
+            expiring: 0,
+            payload_bytes: 0,
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    /// Row-major `len * dim` stored values (normalised for cosine).
+    pub fn vectors(&self) -> &[f32] {
+        &self.vectors
+    }
+    /// Per-row auxiliary norm: `|x|²` for L2, the original `|x|` for cosine, 1 for IP.
+    pub fn norms(&self) -> &[f32] {
+        &self.norms
+    }
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+    pub fn namespaces(&self) -> &[u64] {
+        &self.namespaces
+    }
+    pub fn created_ms(&self) -> &[u64] {
+        &self.created_ms
+    }
+    pub fn expires_ms(&self) -> &[u64] {
+        &self.expires_ms
+    }
+    pub fn payload_bytes(&self) -> usize {
+        self.payload_bytes
+    }
+    /// True when some row has an expiry (engines may skip the expiry check otherwise).
+    pub fn has_expiring(&self) -> bool {
+        self.expiring > 0
+    }
+    pub fn row_of(&self, id: u64) -> Option<usize> {
+        self.index.get(&id).map(|&r| r as usize)
+    }
+    pub fn payload_at(&self, row: usize) -> Option<&[u8]> {
+        self.payloads[row].as_deref()
+    }
+    /// Rows changed since the last call (may hold rows ≥ `len()` after deletes; skip those).
+    pub fn take_dirty(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Checks a whole batch without changing anything: dimension, finiteness, payload size and
+    /// capacity (counting ids already present as replacements; duplicates in the batch count once).
+    pub fn validate_upsert(&self, items: &[UpsertItem<'_>]) -> Result<()> {
+        let mut new_ids = std::collections::HashSet::new();
+        for (i, it) in items.iter().enumerate() {
+            if it.vector.len() != self.dim {
+                return Err(Error::new(
+                    Status::DimensionMismatch,
+                    format!("item {i} (id {}) has {} values; the store's dimension is {}", it.id, it.vector.len(), self.dim),
+                ));
+            }
+            check_finite(it.vector, &format!("vector of id {}", it.id))?;
+            if let Some(p) = it.payload {
+                if p.len() > self.max_payload {
+                    return Err(Error::new(
+                        Status::PayloadTooLarge,
+                        format!("payload of id {} is {} bytes; the limit is {}", it.id, p.len(), self.max_payload),
+                    ));
+                }
+            }
+            if self.metric == Metric::Cosine && it.vector.iter().all(|&x| x == 0.0) {
+                return Err(Error::new(Status::InvalidArgument, format!("vector of id {} is all zeros; cosine needs a non-zero vector", it.id)));
+            }
+            if !self.index.contains_key(&it.id) {
+                new_ids.insert(it.id);
+            }
+        }
+        if self.len() + new_ids.len() > self.capacity {
+            return Err(Error::new(
+                Status::StoreFull,
+                format!("store holds {} of {} rows; this upsert adds {} new ids", self.len(), self.capacity, new_ids.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies a validated batch. Within one batch a duplicate id is applied in order, so the
+    /// last occurrence wins.
+    pub fn apply_upsert(&mut self, items: &[UpsertItem<'_>]) {
+        for it in items {
+            self.put(it);
+        }
+    }
+
+    fn put(&mut self, it: &UpsertItem<'_>) {
+        let dim = self.dim;
+        let (norm, scale) = match self.metric {
+            Metric::InnerProduct => (1.0f32, 1.0f32),
+            Metric::Cosine => {
+                let n = (it.vector.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()).sqrt();
+                (n as f32, (1.0 / n) as f32)
+            }
+            Metric::L2 => (it.vector.iter().map(|&x| x * x).sum::<f32>(), 1.0),
+        };
+        let payload: Option<Box<[u8]>> = it.payload.map(|p| p.to_vec().into_boxed_slice());
+        let plen = payload.as_ref().map_or(0, |p| p.len());
+        let row = match self.index.get(&it.id) {
+            Some(&r) => r as usize,
+            None => {
+                let r = self.ids.len();
+                self.ids.push(it.id);
+                self.vectors.resize((r + 1) * dim, 0.0);
+                self.norms.push(0.0);
+                self.namespaces.push(0);
+                self.created_ms.push(0);
+                self.expires_ms.push(NEVER);
+                self.payloads.push(None);
+                self.index.insert(it.id, r as u32);
+                r
+            }
+        };
+        let dst = &mut self.vectors[row * dim..(row + 1) * dim];
+        if scale == 1.0 {
+            dst.copy_from_slice(it.vector);
+        } else {
+            for (d, &s) in dst.iter_mut().zip(it.vector) {
+                *d = s * scale;
+            }
+        }
+        self.norms[row] = norm;
+        self.namespaces[row] = it.namespace;
+        self.created_ms[row] = it.created_ms;
+        if self.expires_ms[row] != NEVER {
+            self.expiring -= 1;
+        }
+        if it.expires_ms != NEVER {
+            self.expiring += 1;
+        }
+        self.expires_ms[row] = it.expires_ms;
+        self.payload_bytes -= self.payloads[row].as_ref().map_or(0, |p| p.len());
+        self.payload_bytes += plen;
+        self.payloads[row] = payload;
+        self.dirty.push(row as u32);
+    }
+
+    /// Checks that every id exists (reports the first that does not); changes nothing.
+    pub fn check_ids_exist(&self, ids: &[u64]) -> Result<()> {
+        for &id in ids {
+            if !self.index.contains_key(&id) {
+                return Err(Error::new(Status::NotFound, format!("id {id} is not in the store")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every id, all or nothing: if any id is missing, nothing is deleted and the error
+    /// names it. Duplicate ids in the list are deleted once. Returns the number deleted.
+    pub fn delete(&mut self, ids: &[u64]) -> Result<usize> {
+        self.check_ids_exist(ids)?;
+        let mut n = 0;
+        for &id in ids {
+            if let Some(&r) = self.index.get(&id) {
+                self.remove_row(r as usize);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Deletes ids that exist and ignores the rest (used by WAL replay and expiry).
+    pub fn delete_present(&mut self, ids: &[u64]) -> usize {
+        let mut n = 0;
+        for &id in ids {
+            if let Some(&r) = self.index.get(&id) {
+                self.remove_row(r as usize);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Deletes every memory of a namespace; returns how many.
+    pub fn delete_namespace(&mut self, ns: u64) -> usize {
+        let victims: Vec<u64> = self
+            .namespaces
+            .iter()
+            .zip(&self.ids)
+            .filter(|(&n, _)| n == ns)
+            .map(|(_, &id)| id)
+            .collect();
+        self.delete_present(&victims)
+    }
+
+    /// Removes expired memories (expires_ms ≤ now); returns their ids.
+    pub fn purge_expired(&mut self, now_ms: u64) -> Vec<u64> {
+        if self.expiring == 0 {
+            return Vec::new();
+        }
+        let victims: Vec<u64> = self
+            .expires_ms
+            .iter()
+            .zip(&self.ids)
+            .filter(|(&e, _)| e <= now_ms)
+            .map(|(_, &id)| id)
+            .collect();
+        self.delete_present(&victims);
+        victims
+    }
+
+    /// Removes everything.
+    pub fn clear(&mut self) {
+        let ids = self.ids.clone();
+        self.delete_present(&ids);
+    }
+
+    fn remove_row(&mut self, row: usize) {
+        let dim = self.dim;
+        let last = self.ids.len() - 1;
+        let id = self.ids[row];
+        self.index.remove(&id);
+        if self.expires_ms[row] != NEVER {
+            self.expiring -= 1;
+        }
+        self.payload_bytes -= self.payloads[row].as_ref().map_or(0, |p| p.len());
+        if row != last {
+            self.vectors.copy_within(last * dim..(last + 1) * dim, row * dim);
+            self.norms[row] = self.norms[last];
+            self.ids[row] = self.ids[last];
+            self.namespaces[row] = self.namespaces[last];
+            self.created_ms[row] = self.created_ms[last];
+            self.expires_ms[row] = self.expires_ms[last];
+            self.payloads.swap(row, last);
+            self.index.insert(self.ids[row], row as u32);
+            self.dirty.push(row as u32);
+        }
+        self.vectors.truncate(last * dim);
+        self.norms.truncate(last);
+        self.ids.truncate(last);
+        self.namespaces.truncate(last);
+        self.created_ms.truncate(last);
+        self.expires_ms.truncate(last);
+        self.payloads.truncate(last);
+    }
+
+    /// The vector as the caller wrote it (denormalised for cosine).
+    pub fn vector_of_row(&self, row: usize) -> Vec<f32> {
+        let v = &self.vectors[row * self.dim..(row + 1) * self.dim];
+        match self.metric {
+            Metric::Cosine => v.iter().map(|&x| x * self.norms[row]).collect(),
+            _ => v.to_vec(),
+        }
+    }
+
+    pub fn get(&self, id: u64) -> Option<Record> {
+        let row = self.row_of(id)?;
+        Some(Record {
+            id,
+            namespace: self.namespaces[row],
+            vector: self.vector_of_row(row),
+            payload: self.payloads[row].as_ref().map(|p| p.to_vec()),
+            created_ms: self.created_ms[row],
+            expires_ms: self.expires_ms[row],
+        })
+    }
+
+    /// Iterates every row as a `Record` (for snapshots and export).
+    pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
+        (0..self.len()).map(move |r| Record {
+            id: self.ids[r],
+            namespace: self.namespaces[r],
+            vector: self.vector_of_row(r),
+            payload: self.payloads[r].as_ref().map(|p| p.to_vec()),
+            created_ms: self.created_ms[r],
+            expires_ms: self.expires_ms[r],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(id: u64, v: &[f32]) -> UpsertItem<'_> {
+        UpsertItem { id, namespace: 0, vector: v, payload: None, created_ms: 0, expires_ms: NEVER }
+    }
+
+    #[test]
+    fn upsert_replace_delete_keeps_table_dense() {
+        let mut s = Store::new(2, Metric::InnerProduct, 10, 16);
+        let a = [1.0, 2.0];
+        let b = [3.0, 4.0];
+        let c = [5.0, 6.0];
+        s.apply_upsert(&[item(1, &a), item(2, &b), item(3, &c)]);
+        assert_eq!(s.len(), 3);
+        s.apply_upsert(&[item(2, &a)]);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.get(2).unwrap().vector, vec![1.0, 2.0]);
+        assert_eq!(s.delete(&[1]).unwrap(), 1);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.get(3).unwrap().vector, vec![5.0, 6.0]);
+        assert_eq!(s.row_of(3), Some(0));
+        assert_eq!(s.delete(&[3, 99]).unwrap_err().status, Status::NotFound);
+        assert_eq!(s.len(), 2, "failed delete changes nothing");
+    }
+
+    #[test]
+    fn duplicate_in_batch_last_wins_and_capacity_counts_once() {
+        let mut s = Store::new(1, Metric::InnerProduct, 1, 16);
+        let a = [1.0];
+        let b = [2.0];
+        let batch = [item(7, &a), item(7, &b)];
+        s.validate_upsert(&batch).unwrap();
+        s.apply_upsert(&batch);
+        assert_eq!(s.get(7).unwrap().vector, vec![2.0]);
+        assert_eq!(s.validate_upsert(&[item(8, &a)]).unwrap_err().status, Status::StoreFull);
+    }
+
+    #[test]
+    fn cosine_roundtrips_original_vector() {
+        let mut s = Store::new(2, Metric::Cosine, 4, 16);
+        s.apply_upsert(&[item(1, &[3.0, 4.0])]);
+        assert!((s.vectors()[0] - 0.6).abs() < 1e-6);
+        let v = s.get(1).unwrap().vector;
+        assert!((v[0] - 3.0).abs() < 1e-5 && (v[1] - 4.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn expiry_purge() {
+        let mut s = Store::new(1, Metric::InnerProduct, 4, 16);
+        let v = [1.0];
+        let mut it = item(1, &v);
+        it.expires_ms = 100;
+        s.apply_upsert(&[it, item(2, &v)]);
+        assert!(s.has_expiring());
+        assert_eq!(s.purge_expired(99), Vec::<u64>::new());
+        assert_eq!(s.purge_expired(100), vec![1]);
+        assert!(!s.has_expiring());
+        assert_eq!(s.len(), 1);
+    }
+}

@@ -1,0 +1,257 @@
+//! Plain types shared by the Rust API, the server, the engines and the C ABI.
+
+use crate::error::{Error, Result, Status};
+
+/// Largest `k` a recall may ask for.
+pub const MAX_K: usize = 1024;
+/// Largest number of namespaces in one recall filter.
+pub const MAX_FILTER_NAMESPACES: usize = 64;
+/// Largest supported vector dimension.
+pub const MAX_DIM: usize = 65536;
+
+/// Similarity metric, fixed when the store is created.
+///
+/// Scores returned to callers:
+/// - `InnerProduct`: `q·x`, higher is better.
+/// - `Cosine`: `q·x / (|q||x|)`, higher is better. Vectors are stored normalised.
+/// - `L2`: squared Euclidean distance `|q-x|²`, **lower** is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    InnerProduct = 0,
+    Cosine = 1,
+    L2 = 2,
+}
+
+impl Metric {
+    pub fn from_u32(v: u32) -> Result<Metric> {
+        match v {
+            0 => Ok(Metric::InnerProduct),
+            1 => Ok(Metric::Cosine),
+            2 => Ok(Metric::L2),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown metric {v} (0=ip, 1=cosine, 2=l2)"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::InnerProduct => "ip",
+            Metric::Cosine => "cosine",
+            Metric::L2 => "l2",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Metric> {
+        match s.to_ascii_lowercase().as_str() {
+            "ip" | "dot" | "inner_product" => Ok(Metric::InnerProduct),
+            "cos" | "cosine" => Ok(Metric::Cosine),
+            "l2" | "euclidean" => Ok(Metric::L2),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown metric {s:?} (ip, cosine, l2)"))),
+        }
+    }
+    /// True when a lower score is better.
+    pub fn lower_is_better(self) -> bool {
+        self == Metric::L2
+    }
+}
+
+/// Element type of the stored table (the CPU engine always keeps f32; f16/bf16 apply to the GPU copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+}
+
+impl Dtype {
+    pub fn from_u32(v: u32) -> Result<Dtype> {
+        match v {
+            0 => Ok(Dtype::F32),
+            1 => Ok(Dtype::F16),
+            2 => Ok(Dtype::Bf16),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown dtype {v} (0=f32, 1=f16, 2=bf16)"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Dtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Dtype::F32),
+            "f16" | "float16" | "half" => Ok(Dtype::F16),
+            "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown dtype {s:?} (f32, f16, bf16)"))),
+        }
+    }
+}
+
+/// Which side of the segment a handle takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Attach to a live server, else become it.
+    Auto = 0,
+    /// Create the segment and run the server thread in this process.
+    Server = 1,
+    /// Attach to an existing live server.
+    Client = 2,
+}
+
+impl Role {
+    pub fn from_u32(v: u32) -> Result<Role> {
+        match v {
+            0 => Ok(Role::Auto),
+            1 => Ok(Role::Server),
+            2 => Ok(Role::Client),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown role {v} (0=auto, 1=server, 2=client)"))),
+        }
+    }
+}
+
+/// Engine selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Auto = 0,
+    Cpu = 1,
+    Cuda = 2,
+}
+
+impl Backend {
+    pub fn from_u32(v: u32) -> Result<Backend> {
+        match v {
+            0 => Ok(Backend::Auto),
+            1 => Ok(Backend::Cpu),
+            2 => Ok(Backend::Cuda),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown backend {v} (0=auto, 1=cpu, 2=cuda)"))),
+        }
+    }
+    pub fn parse(s: &str) -> Result<Backend> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Backend::Auto),
+            "cpu" => Ok(Backend::Cpu),
+            "cuda" | "gpu" => Ok(Backend::Cuda),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown backend {s:?} (cpu, cuda, auto)"))),
+        }
+    }
+}
+
+/// WAL sync policy (see docs/DURABILITY.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// fsync before every acknowledgement (group commit per server batch).
+    Always = 0,
+    /// fsync at most every `sync_interval_ms`; a crash of the machine may lose that window.
+    Interval = 1,
+    /// Never fsync; the OS writes back when it likes.
+    Never = 2,
+}
+
+impl SyncPolicy {
+    pub fn from_u32(v: u32) -> Result<SyncPolicy> {
+        match v {
+            0 => Ok(SyncPolicy::Always),
+            1 => Ok(SyncPolicy::Interval),
+            2 => Ok(SyncPolicy::Never),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown sync policy {v} (0=always, 1=interval, 2=never)"))),
+        }
+    }
+}
+
+/// One recall result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hit {
+    pub id: u64,
+    pub score: f32,
+}
+
+/// Recency weighting: `score' = (1-w)·score + w·2^(-age/half_life)`, age = now − created.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recency {
+    pub weight: f32,
+    pub half_life_ms: f64,
+}
+
+/// What a recall is allowed to see.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Filter {
+    /// `None` = every namespace; otherwise a sorted, deduplicated list (≤ 64).
+    pub namespaces: Option<Vec<u64>>,
+}
+
+impl Filter {
+    pub fn all() -> Filter {
+        Filter { namespaces: None }
+    }
+    pub fn new(ns: &[u64]) -> Result<Filter> {
+        if ns.len() > MAX_FILTER_NAMESPACES {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!("namespace filter has {} entries; at most {MAX_FILTER_NAMESPACES}", ns.len()),
+            ));
+        }
+        let mut v = ns.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        Ok(Filter { namespaces: Some(v) })
+    }
+    #[inline]
+    pub fn matches(&self, ns: u64) -> bool {
+        match &self.namespaces {
+            None => true,
+            Some(v) if v.len() == 1 => v[0] == ns,
+            Some(v) if v.len() <= 8 => v.contains(&ns),
+            Some(v) => v.binary_search(&ns).is_ok(),
+        }
+    }
+}
+
+/// A validated search request handed to an engine.
+#[derive(Debug, Clone)]
+pub struct SearchRequest<'a> {
+    /// `nq * dim` query values, row-major. Already normalised for cosine.
+    pub queries: &'a [f32],
+    pub nq: usize,
+    pub k: usize,
+    pub filter: &'a Filter,
+    pub recency: Option<Recency>,
+    /// Wall-clock now in unix milliseconds (expiry and recency are judged against it).
+    pub now_ms: u64,
+}
+
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Validates a store name: 1..=200 chars of `[A-Za-z0-9._-]`, not starting with '.'.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Status::InvalidName,
+            format!("invalid store name {name:?}: use 1-200 characters of A-Z a-z 0-9 . _ - not starting with '.'"),
+        ))
+    }
+}
+
+/// Checks that every value is finite.
+pub fn check_finite(v: &[f32], what: &str) -> Result<()> {
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(Error::new(Status::NonFinite, format!("{what} holds a non-finite value ({}) at index {i}", v[i])));
+    }
+    Ok(())
+}
+
+pub fn check_k(k: usize) -> Result<()> {
+    if k == 0 || k > MAX_K {
+        return Err(Error::new(Status::KOutOfRange, format!("k = {k}; k must be between 1 and {MAX_K}")));
+    }
+    Ok(())
+}
