@@ -19,6 +19,7 @@ pub mod client;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+/// cbindgen:ignore
 pub mod jni;
 pub mod persist;
 pub mod protocol;

@@ -1,1 +1,998 @@
-//! C ABI
+//! The C ABI. Everything `extern "C"` that cbindgen puts into `include/kalos.h` lives here.
+//!
+//! Conventions (repeated in the header's top comment):
+//! - Every function returns a `kalos_status` (`KALOS_OK` = 0); values are explicit and never
+//!   renumbered. Details of a failure are in `kalos_last_error()` on the calling thread.
+//! - Outputs come last and are written only on success (exception: `payload_needed`, which is
+//!   also written with `KALOS_BUFFER_TOO_SMALL`). Every buffer is followed by its length in
+//!   elements.
+//! - Every body runs inside `catch_unwind`: a Rust panic becomes `KALOS_PANIC`, never an abort.
+
+mod panic;
+
+use std::ffi::{c_char, CStr};
+use std::path::PathBuf;
+
+use crate::client::{Kalos, Namespaces, Options, RecallOptions, UpsertOptions};
+use crate::error::{Error, Result, Status};
+use crate::store::NEVER;
+use crate::types::*;
+use panic::{guard, set_last_error};
+
+pub use panic::kalos_last_error;
+
+/// Status code returned by every function (`KALOS_OK` = 0).
+#[allow(non_camel_case_types)]
+pub type kalos_status = i32;
+
+/// Success.
+pub const KALOS_OK: kalos_status = 0;
+/// An argument is invalid (the message says which and why).
+pub const KALOS_INVALID_ARGUMENT: kalos_status = 1;
+/// A required pointer argument was NULL.
+pub const KALOS_NULL_POINTER: kalos_status = 2;
+/// A vector or query does not have the store's dimension.
+pub const KALOS_DIMENSION_MISMATCH: kalos_status = 3;
+/// k is 0 or above KALOS_MAX_K.
+pub const KALOS_K_OUT_OF_RANGE: kalos_status = 4;
+/// A query or vector holds NaN or Inf.
+pub const KALOS_NON_FINITE: kalos_status = 5;
+/// The store name is invalid.
+pub const KALOS_INVALID_NAME: kalos_status = 6;
+/// The store is at capacity; nothing was written.
+pub const KALOS_STORE_FULL: kalos_status = 7;
+/// The segment was made by another layout version.
+pub const KALOS_VERSION_MISMATCH: kalos_status = 8;
+/// An id, or the store itself (role client), does not exist.
+pub const KALOS_NOT_FOUND: kalos_status = 9;
+/// A live server already owns the name (role server).
+pub const KALOS_ALREADY_EXISTS: kalos_status = 10;
+/// The deadline passed.
+pub const KALOS_TIMEOUT: kalos_status = 11;
+/// The server is gone; reopen to reach a new one.
+pub const KALOS_SERVER_GONE: kalos_status = 12;
+/// A caller buffer is too small.
+pub const KALOS_BUFFER_TOO_SMALL: kalos_status = 13;
+/// A payload exceeds max_payload_bytes.
+pub const KALOS_PAYLOAD_TOO_LARGE: kalos_status = 14;
+/// Corrupt data file or segment.
+pub const KALOS_CORRUPT: kalos_status = 15;
+/// An operating-system call failed.
+pub const KALOS_IO: kalos_status = 16;
+/// The data directory is locked by another live server.
+pub const KALOS_LOCKED: kalos_status = 17;
+/// The requested engine is not available here.
+pub const KALOS_BACKEND_UNAVAILABLE: kalos_status = 18;
+/// The GPU engine failed.
+pub const KALOS_CUDA: kalos_status = 19;
+/// Permission denied (segment of another user).
+pub const KALOS_PERMISSION_DENIED: kalos_status = 20;
+/// The request does not fit in a slot; raise slot_bytes.
+pub const KALOS_TOO_LARGE: kalos_status = 21;
+/// The handle is closed.
+pub const KALOS_CLOSED: kalos_status = 22;
+/// A panic was caught at the API boundary.
+pub const KALOS_PANIC: kalos_status = 23;
+/// An internal invariant failed.
+pub const KALOS_INTERNAL: kalos_status = 24;
+
+/// Largest k a recall accepts.
+pub const KALOS_MAX_K: u32 = 1024;
+/// Largest number of namespaces in one recall filter.
+pub const KALOS_MAX_FILTER_NAMESPACES: u32 = 64;
+/// Marks "no payload" in a payload length array.
+pub const KALOS_NO_PAYLOAD: u32 = 0xFFFF_FFFF;
+
+/// Role: attach to a live server, else become it.
+pub const KALOS_ROLE_AUTO: u32 = 0;
+/// Role: create the store and run the server thread in this process.
+pub const KALOS_ROLE_SERVER: u32 = 1;
+/// Role: attach to an existing server.
+pub const KALOS_ROLE_CLIENT: u32 = 2;
+/// Metric: inner product (higher is better).
+pub const KALOS_METRIC_IP: u32 = 0;
+/// Metric: cosine similarity (higher is better).
+pub const KALOS_METRIC_COSINE: u32 = 1;
+/// Metric: squared Euclidean distance (lower is better).
+pub const KALOS_METRIC_L2: u32 = 2;
+/// Storage dtype f32.
+pub const KALOS_DTYPE_F32: u32 = 0;
+/// Storage dtype f16 (GPU copy).
+pub const KALOS_DTYPE_F16: u32 = 1;
+/// Storage dtype bf16 (GPU copy).
+pub const KALOS_DTYPE_BF16: u32 = 2;
+/// Engine: pick by table size and device (KALOS_BACKEND env may force one).
+pub const KALOS_BACKEND_AUTO: u32 = 0;
+/// Engine: exact SIMD CPU scan.
+pub const KALOS_BACKEND_CPU: u32 = 1;
+/// Engine: CUDA.
+pub const KALOS_BACKEND_CUDA: u32 = 2;
+/// WAL sync: fsync before every acknowledgement (group commit).
+pub const KALOS_SYNC_ALWAYS: u32 = 0;
+/// WAL sync: fsync every sync_interval_ms.
+pub const KALOS_SYNC_INTERVAL: u32 = 1;
+/// WAL sync: never fsync (the OS decides).
+pub const KALOS_SYNC_NEVER: u32 = 2;
+
+/// An open store. Opaque; created by `kalos_open`, freed by `kalos_close`.
+#[allow(non_camel_case_types)]
+pub struct kalos_handle {
+    inner: Kalos,
+}
+
+/// Options for `kalos_open`. Always initialise with `kalos_options_init` and then change
+/// fields: `struct_size` lets later versions add fields without breaking old callers.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_options {
+    /// `sizeof(kalos_options)`, set by `kalos_options_init`.
+    pub struct_size: u32,
+    /// `KALOS_ROLE_*` (default AUTO).
+    pub role: u32,
+    /// Vector dimension: required to create a store; 0 or the server's value for a client.
+    pub dim: u32,
+    /// `KALOS_METRIC_*` (default COSINE).
+    pub metric: u32,
+    /// `KALOS_DTYPE_*` (default F32).
+    pub dtype: u32,
+    /// `KALOS_BACKEND_*` (default AUTO).
+    pub backend: u32,
+    /// Maximum number of memories (default 1048576).
+    pub capacity: u64,
+    /// Request slots in the segment (default 32).
+    pub slots: u32,
+    /// Data bytes per slot (default 1 MiB); bounds one request or response.
+    pub slot_bytes: u32,
+    /// Permission bits of the segment (default 0600).
+    pub mode: u32,
+    /// Largest payload per memory (default 65536).
+    pub max_payload_bytes: u32,
+    /// Client busy-wait before sleeping, ns (default 50000; 0 = sleep at once).
+    pub client_spin_ns: u64,
+    /// Server busy-poll window after the last request, ns (default 2000000; 0 = park at once).
+    pub server_spin_ns: u64,
+    /// Default deadline of every call, ms (default 5000).
+    pub timeout_ms: u64,
+    /// A server silent for longer is treated as gone, ms (default 10000).
+    pub heartbeat_timeout_ms: u64,
+    /// Data directory for the write-ahead log and snapshots; NULL = memory only. Copied.
+    pub data_dir: *const c_char,
+    /// `KALOS_SYNC_*` (default ALWAYS).
+    pub sync_policy: u32,
+    /// CPU engine threads (default 0 = all cores).
+    pub threads: u32,
+    /// Interval of `KALOS_SYNC_INTERVAL`, ms (default 100).
+    pub sync_interval_ms: u64,
+    /// GPU memory the CUDA engine may use, bytes (default 0 = 90% of free memory).
+    pub gpu_memory_bytes: u64,
+}
+
+/// Per-call recall parameters; pass NULL for the defaults. Initialise with
+/// `kalos_recall_params_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_recall_params {
+    /// `sizeof(kalos_recall_params)`.
+    pub struct_size: u32,
+    pub _reserved: u32,
+    /// Namespace filter: NULL (and length 0) = all namespaces; else up to 64 namespaces.
+    pub namespaces: *const u64,
+    pub namespaces_len: usize,
+    /// Recency weight w in [0, 1] (0 = off; ip and cosine only):
+    /// `score' = (1-w)*score + w*2^(-age_ms/half_life_ms)`.
+    pub recency_weight: f32,
+    pub _reserved2: u32,
+    /// Recency half-life in ms (> 0 when recency_weight > 0).
+    pub recency_half_life_ms: f64,
+    /// Deadline of this call in ms (0 = the handle's default).
+    pub timeout_ms: u64,
+}
+
+/// Per-call upsert parameters; pass NULL for the defaults (namespace 0, no payloads, no
+/// expiry). Initialise with `kalos_upsert_params_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_upsert_params {
+    /// `sizeof(kalos_upsert_params)`.
+    pub struct_size: u32,
+    pub _reserved: u32,
+    /// Namespace of every item when `namespaces` is NULL.
+    pub namespace_id: u64,
+    /// One namespace per item, or NULL.
+    pub namespaces: *const u64,
+    pub namespaces_len: usize,
+    /// Payload bytes of all items, back to back (may be NULL when every length is 0 or none).
+    pub payloads: *const u8,
+    pub payloads_len: usize,
+    /// One length per item (`KALOS_NO_PAYLOAD` = none), or NULL for no payloads.
+    pub payload_lens: *const u32,
+    pub payload_lens_len: usize,
+    /// Time to live from now in ms (0 = none).
+    pub ttl_ms: u64,
+    /// Absolute expiry in unix ms (0 = none); must be in the future.
+    pub expires_at_ms: u64,
+    /// Deadline of this call in ms (0 = the handle's default).
+    pub timeout_ms: u64,
+}
+
+/// Server statistics filled by `kalos_stats`. Set `struct_size` before the call.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_stats_info {
+    /// `sizeof(kalos_stats_info)`, set by the caller.
+    pub struct_size: u32,
+    /// Engine that serves: `KALOS_BACKEND_CPU` or `KALOS_BACKEND_CUDA`.
+    pub engine: u32,
+    pub count: u64,
+    pub capacity: u64,
+    pub dim: u32,
+    pub metric: u32,
+    pub dtype: u32,
+    pub _reserved: u32,
+    pub requests: u64,
+    pub queries: u64,
+    pub batches: u64,
+    pub errors: u64,
+    /// Server-side service time percentiles over the last 4096 requests, ns.
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    /// Requests taken in the last batch.
+    pub queue_depth: u64,
+    pub server_pid: u64,
+    pub epoch: u64,
+    pub payload_bytes: u64,
+    pub uptime_ms: u64,
+    /// Times the GPU engine failed and the server fell back to the CPU.
+    pub engine_fallbacks: u64,
+    /// NUL-terminated engine description, e.g. "cpu-avx2-x2".
+    pub engine_name: [c_char; 48],
+}
+
+fn null(what: &str) -> Error {
+    Error::new(Status::NullPointer, format!("{what} is NULL"))
+}
+
+/// Borrows a caller slice; NULL is allowed only for an empty slice.
+///
+/// # Safety
+/// `p` must point to `len` valid elements (or be NULL with len 0) for the duration of the call.
+unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T]> {
+    if p.is_null() {
+        if len == 0 {
+            return Ok(&[]);
+        }
+        return Err(null(what));
+    }
+    // SAFETY: the caller promises p points to len valid elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// # Safety
+/// As `slice`, for a writable buffer that nothing else accesses during the call.
+unsafe fn slice_mut<'a, T>(p: *mut T, len: usize, what: &str) -> Result<&'a mut [T]> {
+    if p.is_null() {
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        return Err(null(what));
+    }
+    // SAFETY: the caller promises p points to len writable elements, unaliased during the call.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+}
+
+/// # Safety
+/// `h` must be NULL or a live handle from `kalos_open`.
+unsafe fn handle<'a>(h: *const kalos_handle) -> Result<&'a Kalos> {
+    if h.is_null() {
+        return Err(null("handle"));
+    }
+    // SAFETY: the caller promises h came from kalos_open and was not closed.
+    Ok(unsafe { &(*h).inner })
+}
+
+fn defaults() -> kalos_options {
+    let d = Options::default();
+    kalos_options {
+        struct_size: std::mem::size_of::<kalos_options>() as u32,
+        role: d.role as u32,
+        dim: d.dim,
+        metric: d.metric as u32,
+        dtype: d.dtype as u32,
+        backend: d.backend as u32,
+        capacity: d.capacity,
+        slots: d.slots,
+        slot_bytes: d.slot_bytes,
+        mode: d.mode,
+        max_payload_bytes: d.max_payload_bytes,
+        client_spin_ns: d.client_spin_ns,
+        server_spin_ns: d.server_spin_ns,
+        timeout_ms: d.timeout_ms,
+        heartbeat_timeout_ms: d.heartbeat_timeout_ms,
+        data_dir: std::ptr::null(),
+        sync_policy: d.sync as u32,
+        threads: d.threads,
+        sync_interval_ms: d.sync_interval_ms,
+        gpu_memory_bytes: d.gpu_memory_bytes,
+    }
+}
+
+/// Fills `opts` with the defaults (and `struct_size`). NULL is a no-op.
+///
+/// # Safety
+/// `opts` must be NULL or point to writable memory of `sizeof(kalos_options)`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_options_init(opts: *mut kalos_options) {
+    if !opts.is_null() {
+        // SAFETY: non-NULL, points to a writable kalos_options per the contract.
+        unsafe { opts.write(defaults()) };
+    }
+}
+
+/// Fills `params` with the defaults (all namespaces, no recency, default deadline).
+///
+/// # Safety
+/// `params` must be NULL or point to a writable `kalos_recall_params`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_params_init(params: *mut kalos_recall_params) {
+    if !params.is_null() {
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe {
+            params.write(kalos_recall_params {
+                struct_size: std::mem::size_of::<kalos_recall_params>() as u32,
+                _reserved: 0,
+                namespaces: std::ptr::null(),
+                namespaces_len: 0,
+                recency_weight: 0.0,
+                _reserved2: 0,
+                recency_half_life_ms: 0.0,
+                timeout_ms: 0,
+            })
+        };
+    }
+}
+
+/// Fills `params` with the defaults (namespace 0, no payloads, no expiry, default deadline).
+///
+/// # Safety
+/// `params` must be NULL or point to a writable `kalos_upsert_params`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_upsert_params_init(params: *mut kalos_upsert_params) {
+    if !params.is_null() {
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe {
+            params.write(kalos_upsert_params {
+                struct_size: std::mem::size_of::<kalos_upsert_params>() as u32,
+                _reserved: 0,
+                namespace_id: 0,
+                namespaces: std::ptr::null(),
+                namespaces_len: 0,
+                payloads: std::ptr::null(),
+                payloads_len: 0,
+                payload_lens: std::ptr::null(),
+                payload_lens_len: 0,
+                ttl_ms: 0,
+                expires_at_ms: 0,
+                timeout_ms: 0,
+            })
+        };
+    }
+}
+
+/// Reads an options struct of any size ≥ the v1 prefix (fields past `struct_size` take defaults).
+///
+/// # Safety
+/// `o` must point to at least `(*o).struct_size` readable bytes.
+unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
+    let mut raw = defaults();
+    if !o.is_null() {
+        // SAFETY: struct_size is the first field; reading it is valid for any caller struct.
+        let size = unsafe { (*o).struct_size } as usize;
+        let min = std::mem::offset_of!(kalos_options, data_dir) + std::mem::size_of::<*const c_char>();
+        if size < min {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!("options.struct_size = {size}; call kalos_options_init first (need at least {min})"),
+            ));
+        }
+        let n = size.min(std::mem::size_of::<kalos_options>());
+        // SAFETY: the caller's struct has `size` ≥ n readable bytes; ours has n writable bytes.
+        unsafe { std::ptr::copy_nonoverlapping(o as *const u8, &mut raw as *mut kalos_options as *mut u8, n) };
+    }
+    let data_dir = if raw.data_dir.is_null() {
+        None
+    } else {
+        // SAFETY: non-NULL data_dir must be a NUL-terminated string (documented).
+        let s = unsafe { CStr::from_ptr(raw.data_dir) };
+        Some(PathBuf::from(s.to_str().map_err(|_| Error::new(Status::InvalidArgument, "data_dir is not UTF-8"))?))
+    };
+    Ok(Options {
+        role: Role::from_u32(raw.role)?,
+        dim: raw.dim,
+        metric: Metric::from_u32(raw.metric)?,
+        dtype: Dtype::from_u32(raw.dtype)?,
+        backend: Backend::from_u32(raw.backend)?,
+        capacity: raw.capacity,
+        slots: raw.slots,
+        slot_bytes: raw.slot_bytes,
+        mode: raw.mode,
+        max_payload_bytes: raw.max_payload_bytes,
+        client_spin_ns: raw.client_spin_ns,
+        server_spin_ns: raw.server_spin_ns,
+        timeout_ms: raw.timeout_ms,
+        heartbeat_timeout_ms: raw.heartbeat_timeout_ms,
+        data_dir,
+        sync: SyncPolicy::from_u32(raw.sync_policy)?,
+        sync_interval_ms: raw.sync_interval_ms,
+        threads: raw.threads,
+        gpu_memory_bytes: raw.gpu_memory_bytes,
+    })
+}
+
+/// Opens the store `name` (1-200 chars of `[A-Za-z0-9._-]`) in the role `opts->role` and
+/// writes a new handle to `*out`.
+///
+/// - `opts` may be NULL for the defaults (role auto; creating then fails without `dim`).
+/// - The caller owns `*out` and must release it with `kalos_close`.
+/// - Role server/auto (when it becomes the server) starts the server thread in this process;
+///   closing that handle stops the server and other clients get `KALOS_SERVER_GONE`.
+///
+/// # Safety
+/// `name` must be a NUL-terminated string; `opts` NULL or initialised by `kalos_options_init`;
+/// `out` a writable pointer.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_open(name: *const c_char, opts: *const kalos_options, out: *mut *mut kalos_handle) -> kalos_status {
+    guard(|| {
+        if name.is_null() {
+            return Err(null("name"));
+        }
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: name is non-NULL and NUL-terminated per the contract.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| Error::new(Status::InvalidName, "store name is not UTF-8"))?;
+        // SAFETY: opts is NULL or initialised per the contract.
+        let o = unsafe { read_options(opts) }?;
+        let k = Kalos::open(name, &o)?;
+        let h = Box::into_raw(Box::new(kalos_handle { inner: k }));
+        // SAFETY: out is non-NULL and writable.
+        unsafe { *out = h };
+        Ok(())
+    })
+}
+
+/// Closes a handle and frees it. For the handle that runs the server, stops the server thread
+/// and removes the store's name. NULL is a no-op. The handle must not be used afterwards, and
+/// no other thread may be inside a call on it.
+///
+/// # Safety
+/// `h` must be NULL or a handle from `kalos_open` not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_close(h: *mut kalos_handle) {
+    if h.is_null() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: h came from Box::into_raw in kalos_open and is closed once (contract).
+        let b = unsafe { Box::from_raw(h) };
+        b.inner.close();
+        drop(b);
+    }));
+}
+
+/// # Safety
+/// `p` NULL or a valid `kalos_recall_params` of at least its `struct_size`.
+unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOptions> {
+    let mut o = RecallOptions::default();
+    if p.is_null() {
+        return Ok(o);
+    }
+    // SAFETY: non-NULL, valid per contract.
+    let p = unsafe { &*p };
+    if (p.struct_size as usize) < std::mem::size_of::<kalos_recall_params>() {
+        return Err(Error::new(Status::InvalidArgument, "recall params struct_size too small; call kalos_recall_params_init"));
+    }
+    if !p.namespaces.is_null() || p.namespaces_len > 0 {
+        // SAFETY: caller promises namespaces_len readable entries.
+        let ns = unsafe { slice(p.namespaces, p.namespaces_len, "params.namespaces") }?;
+        if ns.len() > MAX_FILTER_NAMESPACES {
+            return Err(Error::new(Status::InvalidArgument, format!("namespace filter has {} entries; at most {MAX_FILTER_NAMESPACES}", ns.len())));
+        }
+        o.namespaces = Some(ns.to_vec());
+    }
+    if p.recency_weight != 0.0 {
+        o.recency = Some(Recency { weight: p.recency_weight, half_life_ms: p.recency_half_life_ms });
+    }
+    if p.timeout_ms > 0 {
+        o.timeout_ms = Some(p.timeout_ms);
+    }
+    Ok(o)
+}
+
+/// Recalls the top-`k` memories for one query of `query_len` (= dim) floats.
+///
+/// Writes up to `k` ids and scores (best first; ties by lower id) and the number written to
+/// `*count` (`min(k, matching memories)`). `ids_len` and `scores_len` must be ≥ k.
+/// `params` may be NULL. Scores: ip and cosine higher is better; l2 is the squared distance.
+/// Thread-safe.
+///
+/// # Safety
+/// `h` a live handle; `query` `query_len` readable floats; `ids`/`scores` writable for their
+/// lengths; `count` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall(
+    h: *const kalos_handle,
+    query: *const f32,
+    query_len: usize,
+    k: u32,
+    params: *const kalos_recall_params,
+    ids: *mut u64,
+    ids_len: usize,
+    scores: *mut f32,
+    scores_len: usize,
+    count: *mut usize,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let q = unsafe { slice(query, query_len, "query") }?;
+        // SAFETY: contract of this function.
+        let o = unsafe { read_recall_params(params) }?;
+        if count.is_null() {
+            return Err(null("count"));
+        }
+        check_k(k as usize)?;
+        if ids_len < k as usize || scores_len < k as usize {
+            return Err(Error::new(Status::BufferTooSmall, format!("ids_len {ids_len} and scores_len {scores_len} must be at least k = {k}")));
+        }
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice_mut(ids, ids_len, "ids") }?;
+        // SAFETY: contract of this function.
+        let scores = unsafe { slice_mut(scores, scores_len, "scores") }?;
+        let n = h.recall_into(q, k as usize, &o, ids, scores)?;
+        // SAFETY: non-NULL, writable.
+        unsafe { *count = n };
+        Ok(())
+    })
+}
+
+/// Recalls the top-`k` for each of `nq` queries (`queries_len` = nq × dim floats, row-major).
+///
+/// Query i's hits are at `ids[i*k ..]`/`scores[i*k ..]` and its hit count at `counts[i]`;
+/// `ids_len`, `scores_len` ≥ nq × k and `counts_len` ≥ nq. The server runs concurrent queries
+/// as one batch. Thread-safe.
+///
+/// # Safety
+/// As `kalos_recall`, with the batch sizes above.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_batch(
+    h: *const kalos_handle,
+    queries: *const f32,
+    queries_len: usize,
+    nq: usize,
+    k: u32,
+    params: *const kalos_recall_params,
+    ids: *mut u64,
+    ids_len: usize,
+    scores: *mut f32,
+    scores_len: usize,
+    counts: *mut usize,
+    counts_len: usize,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let q = unsafe { slice(queries, queries_len, "queries") }?;
+        // SAFETY: contract of this function.
+        let o = unsafe { read_recall_params(params) }?;
+        check_k(k as usize)?;
+        let need = nq.saturating_mul(k as usize);
+        if ids_len < need || scores_len < need || counts_len < nq {
+            return Err(Error::new(
+                Status::BufferTooSmall,
+                format!("need ids/scores of {need} and counts of {nq}; got {ids_len}/{scores_len}/{counts_len}"),
+            ));
+        }
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice_mut(ids, ids_len, "ids") }?;
+        // SAFETY: contract of this function.
+        let scores = unsafe { slice_mut(scores, scores_len, "scores") }?;
+        // SAFETY: contract of this function.
+        let counts = unsafe { slice_mut(counts, counts_len, "counts") }?;
+        h.recall_batch_into(q, nq, k as usize, &o, ids, scores, counts)
+    })
+}
+
+/// Like `kalos_recall`, and also returns each hit's payload.
+///
+/// Payloads are packed back to back into `payload_buf`; `payload_lens[i]` is hit i's length or
+/// `KALOS_NO_PAYLOAD`. `payload_lens_len` must be ≥ k. If `payload_buf_len` is too small the call
+/// returns `KALOS_BUFFER_TOO_SMALL` and writes the needed size to `*payload_needed` (if not NULL);
+/// on success `*payload_needed` gets the bytes used.
+///
+/// # Safety
+/// As `kalos_recall`; `payload_buf` writable for `payload_buf_len` bytes (NULL if 0);
+/// `payload_lens` writable for `payload_lens_len`; `payload_needed` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_payloads(
+    h: *const kalos_handle,
+    query: *const f32,
+    query_len: usize,
+    k: u32,
+    params: *const kalos_recall_params,
+    ids: *mut u64,
+    ids_len: usize,
+    scores: *mut f32,
+    scores_len: usize,
+    payload_buf: *mut u8,
+    payload_buf_len: usize,
+    payload_lens: *mut u32,
+    payload_lens_len: usize,
+    count: *mut usize,
+    payload_needed: *mut usize,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let q = unsafe { slice(query, query_len, "query") }?;
+        // SAFETY: contract of this function.
+        let o = unsafe { read_recall_params(params) }?;
+        if count.is_null() {
+            return Err(null("count"));
+        }
+        check_k(k as usize)?;
+        let k_ = k as usize;
+        if ids_len < k_ || scores_len < k_ || payload_lens_len < k_ {
+            return Err(Error::new(Status::BufferTooSmall, format!("ids_len, scores_len and payload_lens_len must be at least k = {k}")));
+        }
+        let hits = h.recall_with_payloads(q, k_, &o)?;
+        let needed: usize = hits.iter().map(|x| x.payload.as_ref().map_or(0, |p| p.len())).sum();
+        if !payload_needed.is_null() {
+            // SAFETY: non-NULL, writable per contract.
+            unsafe { *payload_needed = needed };
+        }
+        if needed > payload_buf_len {
+            return Err(Error::new(Status::BufferTooSmall, format!("payloads need {needed} bytes; payload_buf_len is {payload_buf_len}")));
+        }
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice_mut(ids, ids_len, "ids") }?;
+        // SAFETY: contract of this function.
+        let scores = unsafe { slice_mut(scores, scores_len, "scores") }?;
+        // SAFETY: contract of this function.
+        let lens = unsafe { slice_mut(payload_lens, payload_lens_len, "payload_lens") }?;
+        // SAFETY: contract of this function.
+        let buf = unsafe { slice_mut(payload_buf, payload_buf_len, "payload_buf") }?;
+        let mut off = 0;
+        for (i, hit) in hits.iter().enumerate() {
+            ids[i] = hit.id;
+            scores[i] = hit.score;
+            match &hit.payload {
+                None => lens[i] = KALOS_NO_PAYLOAD,
+                Some(p) => {
+                    buf[off..off + p.len()].copy_from_slice(p);
+                    off += p.len();
+                    lens[i] = p.len() as u32;
+                }
+            }
+        }
+        // SAFETY: non-NULL, writable.
+        unsafe { *count = hits.len() };
+        Ok(())
+    })
+}
+
+/// Inserts or replaces `ids_len` memories. `vectors_len` must be ids_len × dim. A repeated id
+/// within one call: the last occurrence wins. `params` may be NULL (namespace 0, no payload,
+/// no expiry). Returns once the write is applied (and, with a data directory, durable per the
+/// sync policy); every later recall from any process sees it. Thread-safe.
+///
+/// # Safety
+/// `ids`, `vectors` readable for their lengths; `params` NULL or initialised, with its arrays
+/// readable for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_upsert(
+    h: *const kalos_handle,
+    ids: *const u64,
+    ids_len: usize,
+    vectors: *const f32,
+    vectors_len: usize,
+    params: *const kalos_upsert_params,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice(ids, ids_len, "ids") }?;
+        // SAFETY: contract of this function.
+        let vectors = unsafe { slice(vectors, vectors_len, "vectors") }?;
+        let mut o = UpsertOptions::default();
+        let mut payload_storage: Vec<Option<&[u8]>> = Vec::new();
+        if !params.is_null() {
+            // SAFETY: non-NULL, initialised per contract.
+            let p = unsafe { &*params };
+            if (p.struct_size as usize) < std::mem::size_of::<kalos_upsert_params>() {
+                return Err(Error::new(Status::InvalidArgument, "upsert params struct_size too small; call kalos_upsert_params_init"));
+            }
+            o.namespaces = if p.namespaces.is_null() {
+                Namespaces::One(p.namespace_id)
+            } else {
+                // SAFETY: contract of this function.
+                Namespaces::PerItem(unsafe { slice(p.namespaces, p.namespaces_len, "params.namespaces") }?)
+            };
+            if !p.payload_lens.is_null() {
+                // SAFETY: contract of this function.
+                let lens = unsafe { slice(p.payload_lens, p.payload_lens_len, "params.payload_lens") }?;
+                // SAFETY: contract of this function.
+                let data = unsafe { slice(p.payloads, p.payloads_len, "params.payloads") }?;
+                if lens.len() != ids.len() {
+                    return Err(Error::new(Status::InvalidArgument, format!("{} payload lengths for {} ids", lens.len(), ids.len())));
+                }
+                let mut off = 0usize;
+                for &l in lens {
+                    if l == KALOS_NO_PAYLOAD {
+                        payload_storage.push(None);
+                    } else {
+                        let end = off.checked_add(l as usize).filter(|&e| e <= data.len()).ok_or_else(|| {
+                            Error::new(Status::InvalidArgument, format!("payload lengths sum past payloads_len {}", data.len()))
+                        })?;
+                        payload_storage.push(Some(&data[off..end]));
+                        off = end;
+                    }
+                }
+                o.payloads = Some(payload_storage);
+            }
+            o.ttl_ms = p.ttl_ms;
+            o.expires_ms = if p.expires_at_ms == 0 { NEVER } else { p.expires_at_ms };
+            o.timeout_ms = if p.timeout_ms == 0 { None } else { Some(p.timeout_ms) };
+        }
+        h.upsert(ids, vectors, &o)
+    })
+}
+
+/// Deletes `ids_len` ids, all or nothing: if any id is unknown nothing is deleted and the call
+/// returns `KALOS_NOT_FOUND` naming it. Writes the number deleted to `*deleted` (may be NULL).
+///
+/// # Safety
+/// `ids` readable for `ids_len`; `deleted` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_delete(h: *const kalos_handle, ids: *const u64, ids_len: usize, deleted: *mut u64) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice(ids, ids_len, "ids") }?;
+        let n = h.delete(ids)?;
+        if !deleted.is_null() {
+            // SAFETY: non-NULL, writable.
+            unsafe { *deleted = n };
+        }
+        Ok(())
+    })
+}
+
+/// Deletes every memory in namespace `ns`; writes the count to `*deleted` (may be NULL).
+///
+/// # Safety
+/// `deleted` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_delete_namespace(h: *const kalos_handle, ns: u64, deleted: *mut u64) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        let n = h.delete_namespace(ns)?;
+        if !deleted.is_null() {
+            // SAFETY: non-NULL, writable.
+            unsafe { *deleted = n };
+        }
+        Ok(())
+    })
+}
+
+/// Deletes every memory; writes the count to `*deleted` (may be NULL).
+///
+/// # Safety
+/// `deleted` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_clear(h: *const kalos_handle, deleted: *mut u64) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        let n = h.clear()?;
+        if !deleted.is_null() {
+            // SAFETY: non-NULL, writable.
+            unsafe { *deleted = n };
+        }
+        Ok(())
+    })
+}
+
+/// Fetches memories by id. An unknown id fails the whole call with `KALOS_NOT_FOUND` naming it.
+///
+/// - `vectors` (may be NULL): ids_len × dim floats, the vectors as written.
+/// - `namespaces` (may be NULL): ids_len namespaces.
+/// - payloads (may be NULL when `payload_lens` is NULL): packed into `payload_buf`, lengths in
+///   `payload_lens` (`KALOS_NO_PAYLOAD` = none). `*payload_needed` (may be NULL) gets the bytes
+///   needed, also when the call returns `KALOS_BUFFER_TOO_SMALL`.
+///
+/// # Safety
+/// Every non-NULL buffer writable for its length; `ids` readable for `ids_len`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_get(
+    h: *const kalos_handle,
+    ids: *const u64,
+    ids_len: usize,
+    vectors: *mut f32,
+    vectors_len: usize,
+    namespaces: *mut u64,
+    namespaces_len: usize,
+    payload_buf: *mut u8,
+    payload_buf_len: usize,
+    payload_lens: *mut u32,
+    payload_lens_len: usize,
+    payload_needed: *mut usize,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice(ids, ids_len, "ids") }?;
+        let n = ids.len();
+        let dim = h.dim();
+        if !vectors.is_null() && vectors_len < n * dim {
+            return Err(Error::new(Status::BufferTooSmall, format!("vectors_len {vectors_len} < {n} x {dim}")));
+        }
+        if !namespaces.is_null() && namespaces_len < n {
+            return Err(Error::new(Status::BufferTooSmall, format!("namespaces_len {namespaces_len} < {n}")));
+        }
+        if !payload_lens.is_null() && payload_lens_len < n {
+            return Err(Error::new(Status::BufferTooSmall, format!("payload_lens_len {payload_lens_len} < {n}")));
+        }
+        let recs = h.get(ids)?;
+        let needed: usize = recs.iter().map(|r| r.payload.as_ref().map_or(0, |p| p.len())).sum();
+        if !payload_needed.is_null() {
+            // SAFETY: non-NULL, writable.
+            unsafe { *payload_needed = needed };
+        }
+        if !payload_lens.is_null() && needed > payload_buf_len {
+            return Err(Error::new(Status::BufferTooSmall, format!("payloads need {needed} bytes; payload_buf_len is {payload_buf_len}")));
+        }
+        if !vectors.is_null() {
+            // SAFETY: checked length; writable per contract.
+            let v = unsafe { slice_mut(vectors, vectors_len, "vectors") }?;
+            for (i, r) in recs.iter().enumerate() {
+                v[i * dim..(i + 1) * dim].copy_from_slice(&r.vector);
+            }
+        }
+        if !namespaces.is_null() {
+            // SAFETY: checked length; writable per contract.
+            let v = unsafe { slice_mut(namespaces, namespaces_len, "namespaces") }?;
+            for (i, r) in recs.iter().enumerate() {
+                v[i] = r.namespace;
+            }
+        }
+        if !payload_lens.is_null() {
+            // SAFETY: checked lengths; writable per contract.
+            let lens = unsafe { slice_mut(payload_lens, payload_lens_len, "payload_lens") }?;
+            // SAFETY: as above.
+            let buf = unsafe { slice_mut(payload_buf, payload_buf_len, "payload_buf") }?;
+            let mut off = 0;
+            for (i, r) in recs.iter().enumerate() {
+                match &r.payload {
+                    None => lens[i] = KALOS_NO_PAYLOAD,
+                    Some(p) => {
+                        buf[off..off + p.len()].copy_from_slice(p);
+                        off += p.len();
+                        lens[i] = p.len() as u32;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Fills `*out` with the server's statistics. Set `out->struct_size = sizeof(kalos_stats_info)`
+/// first.
+///
+/// # Safety
+/// `out` writable for `out->struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_stats(h: *const kalos_handle, out: *mut kalos_stats_info) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: out non-NULL; struct_size is its first field.
+        let size = unsafe { (*out).struct_size } as usize;
+        if size < std::mem::size_of::<kalos_stats_info>() {
+            return Err(Error::new(Status::InvalidArgument, format!("out->struct_size = {size}; set it to sizeof(kalos_stats_info)")));
+        }
+        let s = h.stats()?;
+        let mut name = [0 as c_char; 48];
+        for (d, b) in name.iter_mut().zip(s.engine_name.bytes().take(47)) {
+            *d = b as c_char;
+        }
+        let info = kalos_stats_info {
+            struct_size: std::mem::size_of::<kalos_stats_info>() as u32,
+            engine: s.engine as u32,
+            count: s.count,
+            capacity: s.capacity,
+            dim: s.dim as u32,
+            metric: s.metric as u32,
+            dtype: s.dtype as u32,
+            _reserved: 0,
+            requests: s.requests,
+            queries: s.queries,
+            batches: s.batches,
+            errors: s.errors,
+            p50_ns: s.p50_ns,
+            p99_ns: s.p99_ns,
+            queue_depth: s.queue_depth,
+            server_pid: s.server_pid,
+            epoch: s.epoch,
+            payload_bytes: s.payload_bytes,
+            uptime_ms: s.uptime_ms,
+            engine_fallbacks: s.engine_fallbacks,
+            engine_name: name,
+        };
+        // SAFETY: out is writable for at least sizeof(kalos_stats_info) (checked above).
+        unsafe { out.write(info) };
+        Ok(())
+    })
+}
+
+/// The store's vector dimension, written to `*dim`.
+///
+/// # Safety
+/// `dim` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_dim(h: *const kalos_handle, dim: *mut u32) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        if dim.is_null() {
+            return Err(null("dim"));
+        }
+        // SAFETY: non-NULL, writable.
+        unsafe { *dim = h.dim() as u32 };
+        Ok(())
+    })
+}
+
+/// Stable name of a status code ("OK", "SERVER_GONE", ...); "UNKNOWN" for other values.
+/// The string is static: never free it.
+#[no_mangle]
+pub extern "C" fn kalos_status_str(status: kalos_status) -> *const c_char {
+    static NAMES: once_cell::sync::Lazy<Vec<std::ffi::CString>> =
+        once_cell::sync::Lazy::new(|| Status::ALL.iter().map(|s| std::ffi::CString::new(s.name()).unwrap()).collect());
+    if status >= 0 && (status as usize) < Status::ALL.len() {
+        NAMES[status as usize].as_ptr()
+    } else {
+        c"UNKNOWN".as_ptr()
+    }
+}
+
+/// The library version, e.g. "0.1.0". Static: never free it.
+#[no_mangle]
+pub extern "C" fn kalos_version() -> *const c_char {
+    static V: once_cell::sync::Lazy<std::ffi::CString> = once_cell::sync::Lazy::new(|| std::ffi::CString::new(crate::VERSION).unwrap());
+    V.as_ptr()
+}
+
+/// Converts a Rust result into a status code, recording the message (for bindings built on the
+/// Rust API, e.g. JNI).
+pub fn status_of(r: &Result<()>) -> kalos_status {
+    match r {
+        Ok(()) => KALOS_OK,
+        Err(e) => {
+            set_last_error(e);
+            e.status as kalos_status
+        }
+    }
+}
