@@ -21,6 +21,7 @@ pub mod error;
 pub mod ffi;
 /// cbindgen:ignore
 pub mod jni;
+pub mod npy;
 pub mod persist;
 pub mod protocol;
 pub mod server;

@@ -1,1 +1,224 @@
-fn main() {}
+//! kalosd: serve a Kalos store from the command line.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kalos::npy::{self, NpyData};
+use kalos::*;
+
+const HELP: &str = "\
+kalosd: serve a Kalos memory store over POSIX shared memory.
+
+USAGE:
+  kalosd serve --name NAME --dim D [options]   create the store and serve until SIGTERM/SIGINT
+  kalosd stats --name NAME                     print the statistics of a running store
+  kalosd --help                                this text
+
+SERVE OPTIONS:
+  --name NAME            store name: 1-200 chars of [A-Za-z0-9._-] (segment /dev/shm/kalos.NAME)
+  --dim D                vector dimension (required)
+  --metric M             ip | cosine | l2                       (default cosine)
+  --capacity N           maximum number of memories             (default 1048576)
+  --dtype T              f32 | f16 | bf16 (GPU table storage)   (default f32)
+  --backend B            cpu | cuda | auto                      (default auto; env KALOS_BACKEND)
+  --load FILE.npy        vectors to load at start: float32/float16, shape (n, D)
+  --ids FILE.npy         ids for --load: uint64/int64, shape (n,)  (default 0..n-1)
+  --namespaces FILE.npy  namespaces for --load: uint64, shape (n,) (default all 0)
+  --data-dir DIR         write-ahead log + snapshots directory (default: memory only)
+  --sync P               always | interval | never               (default always)
+  --sync-interval-ms MS  fsync interval for --sync interval       (default 100)
+  --slots N              request slots                           (default 32)
+  --slot-bytes N         bytes per slot                          (default 1048576)
+  --max-payload N        largest payload in bytes                (default 65536)
+  --threads N            CPU engine threads, 0 = all cores       (default 0)
+  --server-spin-us US    busy-poll window after a request        (default 2000)
+  --mode OCTAL           segment permissions                     (default 600)
+  --stats-every S        print stats every S seconds (0 = never) (default 0)
+
+On SIGTERM or SIGINT the server stops cleanly: pending requests get SERVER_GONE, the segment is
+removed, the data directory (if any) is synced, and final stats are printed.
+Exit status: 0 on a clean stop, 1 on a usage error, 2 when the store cannot be served.
+";
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+struct Args {
+    v: Vec<String>,
+}
+
+impl Args {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.v.iter().position(|a| a == key).and_then(|i| self.v.get(i + 1)).map(|s| s.as_str())
+    }
+    fn num<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
+        match self.get(key) {
+            None => default,
+            Some(s) => s.parse().unwrap_or_else(|_| usage(&format!("{key} expects a number, got {s:?}"))),
+        }
+    }
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("kalosd: {msg}\n\n{HELP}");
+    std::process::exit(1)
+}
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    eprintln!("kalosd: {e}");
+    std::process::exit(2)
+}
+
+fn print_stats(s: &Stats) {
+    println!(
+        "count={} capacity={} dim={} engine={} requests={} queries={} batches={} errors={} p50_us={:.1} p99_us={:.1} queue_depth={} payload_bytes={} uptime_ms={} fallbacks={}",
+        s.count,
+        s.capacity,
+        s.dim,
+        s.engine_name,
+        s.requests,
+        s.queries,
+        s.batches,
+        s.errors,
+        s.p50_ns as f64 / 1e3,
+        s.p99_ns as f64 / 1e3,
+        s.queue_depth,
+        s.payload_bytes,
+        s.uptime_ms,
+        s.engine_fallbacks
+    );
+}
+
+fn load(k: &Kalos, a: &Args, dim: usize) -> Result<usize> {
+    let Some(vp) = a.get("--load") else { return Ok(0) };
+    let v = npy::read(&PathBuf::from(vp))?;
+    let NpyData::F32(vals) = v.data else {
+        return Err(Error::new(Status::InvalidArgument, format!("{vp}: vectors must be float32 or float16")));
+    };
+    if v.shape.len() != 2 || v.shape[1] != dim {
+        return Err(Error::new(Status::DimensionMismatch, format!("{vp}: shape {:?} is not (n, {dim})", v.shape)));
+    }
+    let n = v.shape[0];
+    let ids: Vec<u64> = match a.get("--ids") {
+        None => (0..n as u64).collect(),
+        Some(p) => match npy::read(&PathBuf::from(p))?.data {
+            NpyData::U64(x) if x.len() == n => x,
+            _ => return Err(Error::new(Status::InvalidArgument, format!("{p}: ids must be {n} uint64/int64 values"))),
+        },
+    };
+    let ns: Option<Vec<u64>> = match a.get("--namespaces") {
+        None => None,
+        Some(p) => match npy::read(&PathBuf::from(p))?.data {
+            NpyData::U64(x) if x.len() == n => Some(x),
+            _ => return Err(Error::new(Status::InvalidArgument, format!("{p}: namespaces must be {n} uint64 values"))),
+        },
+    };
+    let chunk = 4096;
+    let mut i = 0;
+    while i < n {
+        let j = (i + chunk).min(n);
+        let mut o = UpsertOptions::default();
+        if let Some(ns) = &ns {
+            o.namespaces = Namespaces::PerItem(&ns[i..j]);
+        }
+        k.upsert(&ids[i..j], &vals[i * dim..j * dim], &o)?;
+        i = j;
+    }
+    Ok(n)
+}
+
+fn serve(a: &Args) {
+    let name = a.get("--name").unwrap_or_else(|| usage("serve needs --name"));
+    let dim: u32 = a.num("--dim", 0);
+    if dim == 0 {
+        usage("serve needs --dim");
+    }
+    let mut o = Options { role: Role::Server, dim, ..Options::default() };
+    if let Some(m) = a.get("--metric") {
+        o.metric = Metric::parse(m).unwrap_or_else(|e| usage(&e.message));
+    }
+    if let Some(t) = a.get("--dtype") {
+        o.dtype = Dtype::parse(t).unwrap_or_else(|e| usage(&e.message));
+    }
+    if let Some(b) = a.get("--backend") {
+        o.backend = Backend::parse(b).unwrap_or_else(|e| usage(&e.message));
+    }
+    if let Some(s) = a.get("--sync") {
+        o.sync = match s {
+            "always" => SyncPolicy::Always,
+            "interval" => SyncPolicy::Interval,
+            "never" => SyncPolicy::Never,
+            _ => usage("--sync is always, interval or never"),
+        };
+    }
+    o.capacity = a.num("--capacity", o.capacity);
+    o.slots = a.num("--slots", o.slots);
+    o.slot_bytes = a.num("--slot-bytes", o.slot_bytes);
+    o.max_payload_bytes = a.num("--max-payload", o.max_payload_bytes);
+    o.threads = a.num("--threads", o.threads);
+    o.sync_interval_ms = a.num("--sync-interval-ms", o.sync_interval_ms);
+    o.server_spin_ns = a.num::<u64>("--server-spin-us", o.server_spin_ns / 1000) * 1000;
+    if let Some(m) = a.get("--mode") {
+        o.mode = u32::from_str_radix(m, 8).unwrap_or_else(|_| usage("--mode expects octal, e.g. 600"));
+    }
+    o.data_dir = a.get("--data-dir").map(PathBuf::from);
+    let stats_every: u64 = a.num("--stats-every", 0);
+
+    // SAFETY: installing async-signal-safe handlers that only store to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let k = Kalos::open(name, &o).unwrap_or_else(|e| fail(e));
+    match load(&k, a, dim as usize) {
+        Ok(0) => {}
+        Ok(n) => eprintln!("kalosd: loaded {n} vectors"),
+        Err(e) => {
+            k.close();
+            fail(e)
+        }
+    }
+    let s = k.stats().unwrap_or_else(|e| fail(e));
+    println!("kalosd: serving {name:?} dim={dim} metric={} count={} engine={} pid={}", o.metric.name(), s.count, s.engine_name, std::process::id());
+    let mut ticks = 0u64;
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+        ticks += 1;
+        if stats_every > 0 && ticks % (stats_every * 20) == 0 {
+            if let Ok(s) = k.stats() {
+                print_stats(&s);
+            }
+        }
+    }
+    if let Ok(s) = k.stats() {
+        print_stats(&s);
+    }
+    k.close();
+    println!("kalosd: stopped");
+}
+
+fn stats(a: &Args) {
+    let name = a.get("--name").unwrap_or_else(|| usage("stats needs --name"));
+    let o = Options { role: Role::Client, timeout_ms: 2000, ..Options::default() };
+    let k = Kalos::open(name, &o).unwrap_or_else(|e| fail(e));
+    let s = k.stats().unwrap_or_else(|e| fail(e));
+    print_stats(&s);
+}
+
+fn main() {
+    let v: Vec<String> = std::env::args().skip(1).collect();
+    if v.is_empty() || v.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return;
+    }
+    let a = Args { v: v[1..].to_vec() };
+    match v[0].as_str() {
+        "serve" => serve(&a),
+        "stats" => stats(&a),
+        c => usage(&format!("unknown command {c:?}")),
+    }
+}

@@ -193,39 +193,60 @@ pub fn monotonic_ms() -> u64 {
 /// server's life and released by the kernel when the process dies, even by SIGKILL.
 pub struct ServerLock {
     fd: libc::c_int,
+    path: CString,
 }
 
 impl ServerLock {
     /// Tries to take the lock without blocking. `Ok(None)` when another live process holds it.
+    ///
+    /// The lock file is removed when the server stops, so after taking the flock we check that
+    /// the path still names the inode we locked (a stopping server may have unlinked it between
+    /// our open and our flock); if not, we retry on the new file.
     pub fn try_acquire(name: &str, mode: u32) -> Result<Option<ServerLock>> {
         let path = cstr(&format!("{}.lock", shm_name(name)));
-        // SAFETY: valid C string; shm_open returns a new fd or -1.
-        let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, mode as libc::mode_t) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            let st = if e.raw_os_error() == Some(libc::EACCES) { Status::PermissionDenied } else { Status::Io };
-            return Err(Error::new(st, format!("open lock {}: {e}", path.to_string_lossy())));
-        }
-        // SAFETY: fd is ours.
-        let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            // SAFETY: fd is ours and closed once.
-            unsafe { libc::close(fd) };
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Ok(None);
+        for _ in 0..100 {
+            // SAFETY: valid C string; shm_open returns a new fd or -1.
+            let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, mode as libc::mode_t) };
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                let st = if e.raw_os_error() == Some(libc::EACCES) { Status::PermissionDenied } else { Status::Io };
+                return Err(Error::new(st, format!("open lock {}: {e}", path.to_string_lossy())));
             }
-            return Err(Error::io("flock", e));
+            // SAFETY: fd is ours.
+            let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                // SAFETY: fd is ours and closed once.
+                unsafe { libc::close(fd) };
+                if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                    return Ok(None);
+                }
+                return Err(Error::io("flock", e));
+            }
+            // SAFETY: zeroed stat structs are valid out-parameters; fd is valid.
+            let (mut a, mut b): (libc::stat, libc::stat) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+            let lock_path = cstr(&format!("/dev/shm{}.lock", shm_name(name)));
+            // SAFETY: valid fd, valid C string, valid out pointers.
+            let same = unsafe { libc::fstat(fd, &mut a) == 0 && libc::stat(lock_path.as_ptr(), &mut b) == 0 } && a.st_ino == b.st_ino;
+            if same {
+                return Ok(Some(ServerLock { fd, path }));
+            }
+            // SAFETY: fd is ours.
+            unsafe { libc::close(fd) };
         }
-        Ok(Some(ServerLock { fd }))
+        Err(Error::new(Status::Io, format!("could not take the server lock {}", path.to_string_lossy())))
     }
 }
 
 impl Drop for ServerLock {
     fn drop(&mut self) {
-        // SAFETY: fd is ours; closing releases the flock. The lock file itself stays (unlinking
-        // it would let two servers lock two different inodes of the same name).
-        unsafe { libc::close(self.fd) };
+        // SAFETY: we hold the flock, so no other server uses this file; unlink it, then close
+        // (which releases the flock). A process that opened the old inode re-checks the inode
+        // after locking (see try_acquire).
+        unsafe {
+            libc::shm_unlink(self.path.as_ptr());
+            libc::close(self.fd);
+        }
     }
 }
 
