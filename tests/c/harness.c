@@ -1,0 +1,498 @@
+/*
+ * C test harness for libkalos: multi-process correctness, error cases, server death.
+ *
+ * Build and run (tests/c/run.sh does this):
+ *   gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c \
+ *       -Ltarget/release -lkalos -Wl,-rpath,$PWD/target/release -lm -o tests/c/build/harness
+ *   tests/c/build/harness
+ *
+ * Fresh random data every run (the seed is printed; KALOS_SEED=n repeats a run).
+ * Prints "N passed, M failed" last; exits non-zero when anything failed.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kalos.h"
+
+static int g_pass = 0, g_fail = 0;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (cond) {                                                        \
+            g_pass++;                                                      \
+        } else {                                                           \
+            g_fail++;                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);           \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, " (last error: %s)\n", kalos_last_error());    \
+        }                                                                  \
+    } while (0)
+
+#define CHECK_STATUS(expr, want)                                                     \
+    do {                                                                             \
+        kalos_status st_ = (expr);                                                   \
+        CHECK(st_ == (want), "%s returned %s, want %s", #expr, kalos_status_str(st_), \
+              kalos_status_str(want));                                               \
+    } while (0)
+
+/* ---- random numbers (xorshift64*) ---- */
+static uint64_t g_rng;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 2685821657736338717ULL;
+}
+static float rndf(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- brute-force reference (double precision), inner product ---- */
+typedef struct {
+    double score;
+    uint64_t id;
+} ref_hit;
+
+static int ref_cmp(const void *a, const void *b) {
+    const ref_hit *x = a, *y = b;
+    if (x->score > y->score) return -1;
+    if (x->score < y->score) return 1;
+    return (x->id < y->id) ? -1 : (x->id > y->id);
+}
+
+static size_t reference(const float *table, const uint64_t *ids, size_t n, size_t dim, const float *q,
+                        size_t k, ref_hit *out, ref_hit *scratch) {
+    for (size_t i = 0; i < n; i++) {
+        double s = 0;
+        for (size_t d = 0; d < dim; d++) s += (double)table[i * dim + d] * q[d];
+        scratch[i].score = s;
+        scratch[i].id = ids[i];
+    }
+    qsort(scratch, n, sizeof(ref_hit), ref_cmp);
+    size_t m = k < n ? k : n;
+    memcpy(out, scratch, m * sizeof(ref_hit));
+    return m;
+}
+
+/* Results agree when every returned score matches the reference score at that rank, and ids
+ * match wherever the reference has no near-tie at that rank. */
+static int agree(const uint64_t *ids, const float *scores, size_t count, const ref_hit *ref, size_t m) {
+    if (count != m) return 0;
+    for (size_t i = 0; i < m; i++) {
+        double tol = 1e-4 * (1.0 + fabs(ref[i].score));
+        if (fabs(scores[i] - ref[i].score) > tol) return 0;
+        int tie = (i > 0 && fabs(ref[i].score - ref[i - 1].score) < tol) ||
+                  (i + 1 < m && fabs(ref[i].score - ref[i + 1].score) < tol);
+        if (!tie && ids[i] != ref[i].id) return 0;
+    }
+    return 1;
+}
+
+static void opts_default(kalos_options *o, uint32_t role, uint32_t dim) {
+    kalos_options_init(o);
+    o->role = role;
+    o->dim = dim;
+    o->metric = KALOS_METRIC_IP;
+    o->timeout_ms = 3000;
+}
+
+/* ---- 1. many forked clients against one server ---- */
+#define DIM 48
+#define NROWS 6000
+#define NCHILD 8
+#define NQ 150
+#define K 10
+
+static int child_client(const char *name, const float *table, const uint64_t *ids, int rfd) {
+    char c;
+    if (read(rfd, &c, 1) != 1) return 100;
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_CLIENT, DIM);
+    kalos_handle *h = NULL;
+    kalos_status st = kalos_open(name, &o, &h);
+    if (st != KALOS_OK) {
+        fprintf(stderr, "child open: %s\n", kalos_last_error());
+        return 101;
+    }
+    ref_hit *scratch = malloc(NROWS * sizeof(ref_hit));
+    ref_hit ref[K];
+    int bad = 0;
+    for (int i = 0; i < NQ; i++) {
+        float q[DIM];
+        for (int d = 0; d < DIM; d++) q[d] = rndf();
+        uint64_t rid[K];
+        float rsc[K];
+        size_t cnt = 0;
+        st = kalos_recall(h, q, DIM, K, NULL, rid, K, rsc, K, &cnt);
+        if (st != KALOS_OK) {
+            fprintf(stderr, "child recall: %s\n", kalos_last_error());
+            bad++;
+            continue;
+        }
+        size_t m = reference(table, ids, NROWS, DIM, q, K, ref, scratch);
+        if (!agree(rid, rsc, cnt, ref, m)) bad++;
+    }
+    /* A batch too. */
+    float qs[4 * DIM];
+    for (int i = 0; i < 4 * DIM; i++) qs[i] = rndf();
+    uint64_t bid[4 * K];
+    float bsc[4 * K];
+    size_t bcnt[4];
+    st = kalos_recall_batch(h, qs, 4 * DIM, 4, K, NULL, bid, 4 * K, bsc, 4 * K, bcnt, 4);
+    if (st != KALOS_OK) bad++;
+    for (int j = 0; st == KALOS_OK && j < 4; j++) {
+        size_t m = reference(table, ids, NROWS, DIM, qs + j * DIM, K, ref, scratch);
+        if (!agree(bid + j * K, bsc + j * K, bcnt[j], ref, m)) bad++;
+    }
+    free(scratch);
+    kalos_close(h);
+    return bad > 0 ? 1 : 0;
+}
+
+static void test_multiprocess(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-mp-%d", (int)getpid());
+    float *table = malloc((size_t)NROWS * DIM * sizeof(float));
+    uint64_t *ids = malloc(NROWS * sizeof(uint64_t));
+    for (size_t i = 0; i < (size_t)NROWS * DIM; i++) table[i] = rndf();
+    for (size_t i = 0; i < NROWS; i++) ids[i] = 1000000 + i * 7 + (rnd() % 7);
+    /* Exact duplicates with different ids: ties must be broken by the lower id. */
+    memcpy(table + 10 * DIM, table + 20 * DIM, DIM * sizeof(float));
+
+    /* Fork the clients first (before this process starts any threads); release them through a
+     * pipe once the server holds the data. */
+    int pfd[2];
+    if (pipe(pfd) != 0) abort();
+    pid_t kids[NCHILD];
+    for (int c = 0; c < NCHILD; c++) {
+        g_rng = g_rng * 31 + (uint64_t)c + 1; /* distinct query streams */
+        kids[c] = fork();
+        if (kids[c] == 0) {
+            close(pfd[1]);
+            _exit(child_client(name, table, ids, pfd[0]));
+        }
+    }
+    close(pfd[0]);
+
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_SERVER, DIM);
+    o.capacity = NROWS;
+    kalos_handle *srv = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &srv), KALOS_OK);
+    CHECK_STATUS(kalos_upsert(srv, ids, NROWS, table, (size_t)NROWS * DIM, NULL), KALOS_OK);
+    char go[NCHILD];
+    memset(go, 'g', sizeof go);
+    CHECK(write(pfd[1], go, NCHILD) == NCHILD, "release children");
+    close(pfd[1]);
+    for (int c = 0; c < NCHILD; c++) {
+        int wst = 0;
+        waitpid(kids[c], &wst, 0);
+        CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "client process %d: every result matches the reference (exit %d)", c,
+              WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    }
+    kalos_stats_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    CHECK_STATUS(kalos_stats(srv, &info), KALOS_OK);
+    CHECK(info.count == NROWS, "stats count %llu", (unsigned long long)info.count);
+    CHECK(info.queries >= NCHILD * (NQ + 4), "stats queries %llu", (unsigned long long)info.queries);
+    CHECK(info.dim == DIM, "stats dim");
+    kalos_close(srv);
+    free(table);
+    free(ids);
+}
+
+/* ---- 2. error cases ---- */
+static void test_errors(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-err-%d", (int)getpid());
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_SERVER, 4);
+    o.capacity = 3;
+    o.max_payload_bytes = 16;
+    kalos_handle *h = NULL;
+
+    kalos_close(NULL); /* no-op */
+    CHECK_STATUS(kalos_open(NULL, &o, &h), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_open(name, &o, NULL), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_open("bad/name", &o, &h), KALOS_INVALID_NAME);
+    CHECK_STATUS(kalos_open("", &o, &h), KALOS_INVALID_NAME);
+    CHECK(strlen(kalos_last_error()) > 0, "last error has a message");
+    {
+        kalos_options small = o;
+        small.struct_size = 8;
+        CHECK_STATUS(kalos_open(name, &small, &h), KALOS_INVALID_ARGUMENT);
+        kalos_options nodim = o;
+        nodim.dim = 0;
+        CHECK_STATUS(kalos_open(name, &nodim, &h), KALOS_INVALID_ARGUMENT);
+        kalos_options badmetric = o;
+        badmetric.metric = 9;
+        CHECK_STATUS(kalos_open(name, &badmetric, &h), KALOS_INVALID_ARGUMENT);
+    }
+    {
+        kalos_options c;
+        opts_default(&c, KALOS_ROLE_CLIENT, 4);
+        c.timeout_ms = 200;
+        CHECK_STATUS(kalos_open(name, &c, &h), KALOS_NOT_FOUND);
+    }
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_OK);
+    {
+        kalos_handle *h2 = NULL;
+        CHECK_STATUS(kalos_open(name, &o, &h2), KALOS_ALREADY_EXISTS);
+        kalos_options c;
+        opts_default(&c, KALOS_ROLE_CLIENT, 5);
+        CHECK_STATUS(kalos_open(name, &c, &h2), KALOS_DIMENSION_MISMATCH);
+    }
+    float v[12] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0};
+    uint64_t ids[3] = {1, 2, 3};
+    float q[4] = {1, 0, 0, 0};
+    uint64_t rid[8];
+    float rsc[8];
+    size_t cnt = 99;
+
+    /* recall on an empty store */
+    CHECK_STATUS(kalos_recall(h, q, 4, 5, NULL, rid, 8, rsc, 8, &cnt), KALOS_OK);
+    CHECK(cnt == 0, "empty store returns 0 hits, got %zu", cnt);
+
+    /* bad upserts change nothing */
+    CHECK_STATUS(kalos_upsert(h, ids, 3, v, 11, NULL), KALOS_DIMENSION_MISMATCH);
+    float vnan[4] = {1, NAN, 0, 0};
+    CHECK_STATUS(kalos_upsert(h, ids, 1, vnan, 4, NULL), KALOS_NON_FINITE);
+    float vinf[4] = {1, INFINITY, 0, 0};
+    CHECK_STATUS(kalos_upsert(h, ids, 1, vinf, 4, NULL), KALOS_NON_FINITE);
+    CHECK_STATUS(kalos_upsert(h, NULL, 3, v, 12, NULL), KALOS_NULL_POINTER);
+    {
+        kalos_upsert_params p;
+        kalos_upsert_params_init(&p);
+        uint8_t big[17] = {0};
+        uint32_t lens[1] = {17};
+        p.payloads = big;
+        p.payloads_len = 17;
+        p.payload_lens = lens;
+        p.payload_lens_len = 1;
+        CHECK_STATUS(kalos_upsert(h, ids, 1, v, 4, &p), KALOS_PAYLOAD_TOO_LARGE);
+        kalos_upsert_params_init(&p);
+        p.expires_at_ms = 1000; /* 1970 */
+        CHECK_STATUS(kalos_upsert(h, ids, 1, v, 4, &p), KALOS_INVALID_ARGUMENT);
+    }
+    CHECK_STATUS(kalos_recall(h, q, 4, 5, NULL, rid, 8, rsc, 8, &cnt), KALOS_OK);
+    CHECK(cnt == 0, "failed upserts wrote nothing, got %zu hits", cnt);
+
+    /* duplicate id within one upsert: the last occurrence wins */
+    {
+        uint64_t dup[2] = {7, 7};
+        float dv[8] = {0, 0, 0, 1, 1, 0, 0, 0};
+        CHECK_STATUS(kalos_upsert(h, dup, 2, dv, 8, NULL), KALOS_OK);
+        float got[4];
+        uint64_t id7 = 7;
+        CHECK_STATUS(kalos_get(h, &id7, 1, got, 4, NULL, 0, NULL, 0, NULL, 0, NULL), KALOS_OK);
+        CHECK(got[0] == 1 && got[3] == 0, "duplicate id: last wins");
+        uint64_t del = 0;
+        CHECK_STATUS(kalos_delete(h, &id7, 1, &del), KALOS_OK);
+        CHECK(del == 1, "deleted 1");
+    }
+
+    CHECK_STATUS(kalos_upsert(h, ids, 3, v, 12, NULL), KALOS_OK);
+    /* store full: a 4th new id */
+    {
+        uint64_t id4 = 4;
+        CHECK_STATUS(kalos_upsert(h, &id4, 1, v, 4, NULL), KALOS_STORE_FULL);
+        /* replacing an existing id still works when full */
+        CHECK_STATUS(kalos_upsert(h, ids, 1, v, 4, NULL), KALOS_OK);
+    }
+    /* recall errors */
+    CHECK_STATUS(kalos_recall(h, q, 3, 2, NULL, rid, 8, rsc, 8, &cnt), KALOS_DIMENSION_MISMATCH);
+    CHECK_STATUS(kalos_recall(h, q, 4, 0, NULL, rid, 8, rsc, 8, &cnt), KALOS_K_OUT_OF_RANGE);
+    {
+        static uint64_t bid[1025];
+        static float bsc[1025];
+        CHECK_STATUS(kalos_recall(h, q, 4, 1025, NULL, bid, 1025, bsc, 1025, &cnt), KALOS_K_OUT_OF_RANGE);
+        CHECK_STATUS(kalos_recall(h, q, 4, 1024, NULL, bid, 1024, bsc, 1024, &cnt), KALOS_OK);
+        CHECK(cnt == 3, "k above the count returns the count (%zu)", cnt);
+    }
+    float qnan[4] = {NAN, 0, 0, 0};
+    CHECK_STATUS(kalos_recall(h, qnan, 4, 2, NULL, rid, 8, rsc, 8, &cnt), KALOS_NON_FINITE);
+    CHECK_STATUS(kalos_recall(NULL, q, 4, 2, NULL, rid, 8, rsc, 8, &cnt), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_recall(h, NULL, 4, 2, NULL, rid, 8, rsc, 8, &cnt), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_recall(h, q, 4, 2, NULL, rid, 8, rsc, 8, NULL), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_recall(h, q, 4, 5, NULL, rid, 4, rsc, 8, &cnt), KALOS_BUFFER_TOO_SMALL);
+    {
+        kalos_recall_params p;
+        kalos_recall_params_init(&p);
+        uint64_t many[65] = {0};
+        p.namespaces = many;
+        p.namespaces_len = 65;
+        CHECK_STATUS(kalos_recall(h, q, 4, 2, &p, rid, 8, rsc, 8, &cnt), KALOS_INVALID_ARGUMENT);
+    }
+    CHECK_STATUS(kalos_recall(h, q, 4, 2, NULL, rid, 8, rsc, 8, &cnt), KALOS_OK);
+    CHECK(cnt == 2 && rid[0] == 1, "recall after errors still works (ids %llu)", (unsigned long long)rid[0]);
+    /* unknown id: reported, nothing deleted */
+    {
+        uint64_t mix[2] = {2, 999};
+        uint64_t del = 12345;
+        CHECK_STATUS(kalos_delete(h, mix, 2, &del), KALOS_NOT_FOUND);
+        CHECK(strstr(kalos_last_error(), "999") != NULL, "message names the unknown id: %s", kalos_last_error());
+        CHECK(del == 12345, "outputs untouched on failure");
+        float got[8];
+        CHECK_STATUS(kalos_get(h, mix, 2, got, 8, NULL, 0, NULL, 0, NULL, 0, NULL), KALOS_NOT_FOUND);
+        CHECK_STATUS(kalos_get(h, mix, 1, got, 4, NULL, 0, NULL, 0, NULL, 0, NULL), KALOS_OK);
+    }
+    /* status strings, version */
+    CHECK(strcmp(kalos_status_str(KALOS_SERVER_GONE), "SERVER_GONE") == 0, "status_str");
+    CHECK(strcmp(kalos_status_str(-5), "UNKNOWN") == 0, "status_str unknown");
+    CHECK(strlen(kalos_version()) > 0, "version");
+    kalos_close(h);
+}
+
+/* ---- 3. a segment of another layout version ---- */
+static void test_version_mismatch(void) {
+    char name[64], path[96];
+    snprintf(name, sizeof name, "charness-ver-%d", (int)getpid());
+    snprintf(path, sizeof path, "/kalos.%s", name);
+    int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0, "create fake segment");
+    if (fd < 0) return;
+    size_t len = 4096 * 4;
+    CHECK(ftruncate(fd, (off_t)len) == 0, "size fake segment");
+    unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    memcpy(p, "KALOSSHM", 8);          /* magic */
+    uint32_t v = 999;
+    memcpy(p + 8, &v, 4);               /* layout_version */
+    munmap(p, len);
+    close(fd);
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_CLIENT, 0);
+    kalos_handle *h = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_VERSION_MISMATCH);
+    shm_unlink(path);
+}
+
+/* ---- 4. the server is SIGKILLed: clients get an error within their deadline ---- */
+static void test_server_killed(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-kill-%d", (int)getpid());
+    int pfd[2];
+    if (pipe(pfd) != 0) abort();
+    pid_t srv = fork();
+    if (srv == 0) {
+        close(pfd[0]);
+        kalos_options o;
+        opts_default(&o, KALOS_ROLE_SERVER, 8);
+        kalos_handle *h = NULL;
+        if (kalos_open(name, &o, &h) != KALOS_OK) _exit(1);
+        uint64_t id = 1;
+        float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        kalos_upsert(h, &id, 1, v, 8, NULL);
+        if (write(pfd[1], "r", 1) != 1) _exit(2);
+        for (;;) pause();
+    }
+    close(pfd[1]);
+    char c;
+    CHECK(read(pfd[0], &c, 1) == 1, "server child ready");
+    close(pfd[0]);
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_CLIENT, 8);
+    o.timeout_ms = 2000;
+    kalos_handle *h = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_OK);
+    float q[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    uint64_t rid[1];
+    float rsc[1];
+    size_t cnt = 0;
+    CHECK_STATUS(kalos_recall(h, q, 8, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_OK);
+    kill(srv, SIGKILL);
+    waitpid(srv, NULL, 0);
+    double t0 = now_s();
+    kalos_status st = kalos_recall(h, q, 8, 1, NULL, rid, 1, rsc, 1, &cnt);
+    double dt = now_s() - t0;
+    CHECK(st == KALOS_SERVER_GONE, "recall after SIGKILL gives SERVER_GONE, got %s", kalos_status_str(st));
+    CHECK(dt < 2.5, "error within the deadline (%.3f s)", dt);
+    kalos_close(h);
+    /* A new server can take the name over, and a client can reopen and carry on. */
+    kalos_options so;
+    opts_default(&so, KALOS_ROLE_SERVER, 8);
+    kalos_handle *s2 = NULL;
+    CHECK_STATUS(kalos_open(name, &so, &s2), KALOS_OK);
+    kalos_handle *c2 = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &c2), KALOS_OK);
+    CHECK_STATUS(kalos_recall(c2, q, 8, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_OK);
+    CHECK(cnt == 0, "new server starts empty (memory only)");
+    kalos_close(c2);
+    kalos_close(s2);
+}
+
+/* ---- 5. the server's owner closes it while a client waits: SERVER_GONE, no hang ---- */
+static void test_server_closed(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-close-%d", (int)getpid());
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_SERVER, 4);
+    kalos_handle *s = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &s), KALOS_OK);
+    kalos_options co;
+    opts_default(&co, KALOS_ROLE_CLIENT, 4);
+    kalos_handle *c = NULL;
+    CHECK_STATUS(kalos_open(name, &co, &c), KALOS_OK);
+    kalos_close(s);
+    float q[4] = {1, 0, 0, 0};
+    uint64_t rid[1];
+    float rsc[1];
+    size_t cnt;
+    double t0 = now_s();
+    CHECK_STATUS(kalos_recall(c, q, 4, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_SERVER_GONE);
+    CHECK(now_s() - t0 < 1.0, "fast SERVER_GONE after a clean stop");
+    kalos_close(c);
+}
+
+/* ---- 6. role auto: the first opener becomes the server, the second attaches ---- */
+static void test_role_auto(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-auto-%d", (int)getpid());
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_AUTO, 4);
+    kalos_handle *a = NULL, *b = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &a), KALOS_OK);
+    CHECK_STATUS(kalos_open(name, &o, &b), KALOS_OK);
+    uint64_t id = 5;
+    float v[4] = {0, 1, 0, 0};
+    CHECK_STATUS(kalos_upsert(b, &id, 1, v, 4, NULL), KALOS_OK);
+    uint64_t rid[1];
+    float rsc[1];
+    size_t cnt = 0;
+    CHECK_STATUS(kalos_recall(a, v, 4, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_OK);
+    CHECK(cnt == 1 && rid[0] == 5, "auto handles share one store");
+    kalos_close(b);
+    kalos_close(a);
+}
+
+int main(void) {
+    const char *seed = getenv("KALOS_SEED");
+    g_rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
+    if (g_rng == 0) g_rng = 1;
+    printf("kalos C harness: library %s, seed %llu\n", kalos_version(), (unsigned long long)g_rng);
+    test_errors();
+    test_version_mismatch();
+    test_role_auto();
+    test_server_closed();
+    test_server_killed();
+    test_multiprocess();
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail == 0 ? 0 : 1;
+}
