@@ -1,0 +1,271 @@
+//! Slot protocol: races, deadlines, abandoned requests, hostile clients, dead clients, parking.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kalos::shm::{self, Segment};
+use kalos::*;
+use rand::{Rng, SeedableRng};
+
+fn uniq(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!("rt-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn server(name: &str, dim: u32, f: impl FnOnce(&mut Options)) -> Kalos {
+    let mut o = Options { role: Role::Server, dim, metric: Metric::InnerProduct, ..Options::default() };
+    f(&mut o);
+    Kalos::open(name, &o).unwrap()
+}
+
+fn client(name: &str, f: impl FnOnce(&mut Options)) -> Kalos {
+    let mut o = Options { role: Role::Client, ..Options::default() };
+    f(&mut o);
+    Kalos::open(name, &o).unwrap()
+}
+
+fn seed() -> u64 {
+    let s = std::env::var("KALOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| rand::rng().random());
+    eprintln!("seed {s}");
+    s
+}
+
+#[test]
+fn state_word_packing() {
+    let w = shm::pack(4_000_000, (1 << 24) + 5, shm::SLOT_SUBMITTED);
+    assert_eq!(shm::pid_of(w), 4_000_000);
+    assert_eq!(shm::gen_of(w), 5, "generation wraps at 24 bits");
+    assert_eq!(shm::state_of(w), shm::SLOT_SUBMITTED);
+    let d = shm::with_state(w, shm::SLOT_DONE);
+    assert_eq!((shm::pid_of(d), shm::gen_of(d), shm::state_of(d)), (4_000_000, 5, shm::SLOT_DONE));
+}
+
+/// Many threads on one handle with fewer slots than threads: every claim is exclusive, and each
+/// thread gets the answer to its own query (a unique one-hot vector → its own id).
+#[test]
+fn many_threads_few_slots_each_gets_its_own_answer() {
+    let name = uniq("threads");
+    let dim = 64;
+    let s = server(&name, dim, |o| o.slots = 2);
+    let n = 64u64;
+    let mut vecs = vec![0f32; (n as usize) * dim as usize];
+    for i in 0..n as usize {
+        vecs[i * dim as usize + i] = 1.0;
+    }
+    let ids: Vec<u64> = (0..n).map(|i| 1000 + i).collect();
+    s.upsert(&ids, &vecs, &UpsertOptions::default()).unwrap();
+    let c = Arc::new(client(&name, |o| o.client_spin_ns = 0));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for r in 0..300usize {
+                    let i = (t * 7 + r) % 64;
+                    let mut q = vec![0f32; 64];
+                    q[i] = 1.0;
+                    let h = c.recall(&q, 1, &RecallOptions::default()).unwrap();
+                    assert_eq!(h[0].id, 1000 + i as u64, "thread {t} request {r}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let st = c.stats().unwrap();
+    assert!(st.queries >= 2400);
+    assert!(st.batches <= st.requests, "batches {} requests {}", st.batches, st.requests);
+}
+
+/// A client that times out never later reads someone else's result, and its slot is recycled.
+#[test]
+fn timed_out_request_is_withdrawn_and_later_calls_are_correct() {
+    let name = uniq("timeout");
+    let dim = 256u32;
+    let rows = 60_000usize;
+    let s = server(&name, dim, |o| {
+        o.slots = 1;
+        o.capacity = rows as u64;
+    });
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    let vecs: Vec<f32> = (0..rows * dim as usize).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let ids: Vec<u64> = (0..rows as u64).collect();
+    for ch in (0..rows).collect::<Vec<_>>().chunks(2048) {
+        s.upsert(&ids[ch[0]..ch[0] + ch.len()], &vecs[ch[0] * dim as usize..(ch[0] + ch.len()) * dim as usize], &UpsertOptions::default())
+            .unwrap();
+    }
+    let c = client(&name, |o| o.client_spin_ns = 0);
+    let mut timeouts = 0;
+    for i in 0..20 {
+        let q = &vecs[i * dim as usize..(i + 1) * dim as usize];
+        // A 1 ms deadline against a scan of 60k x 256: usually too short.
+        match c.recall(q, 5, &RecallOptions { timeout_ms: Some(1), ..Default::default() }) {
+            Err(e) => {
+                assert_eq!(e.status, Status::Timeout);
+                timeouts += 1;
+            }
+            Ok(h) => assert_eq!(h.len(), 5),
+        }
+        // The next, unhurried call must get the answer to ITS query (its own row ranks first
+        // among near-equals only when it is the best; check against the exact reference).
+        let j = (i * 7919) % rows;
+        let q2 = &vecs[j * dim as usize..(j + 1) * dim as usize];
+        let h = c.recall(q2, 1, &RecallOptions { timeout_ms: Some(10_000), ..Default::default() }).unwrap();
+        let best = (0..rows)
+            .map(|r| (vecs[r * dim as usize..(r + 1) * dim as usize].iter().zip(q2).map(|(a, b)| (a * b) as f64).sum::<f64>(), r))
+            .max_by(|a, b| a.0.partial_cmp(&b.0).unwrap())
+            .unwrap();
+        assert_eq!(h[0].id, best.1 as u64, "answer belongs to this request");
+    }
+    eprintln!("{timeouts} of 20 short-deadline calls timed out");
+    // With one slot, a leaked slot would make this time out.
+    assert!(c.stats().is_ok());
+}
+
+/// Garbage written into a claimed slot is answered with an error; the server keeps serving.
+#[test]
+fn hostile_client_garbage_gets_errors_and_server_survives() {
+    let name = uniq("hostile");
+    let s = server(&name, 8, |o| {
+        o.slots = 4;
+        o.slot_bytes = 8192;
+        o.max_payload_bytes = 1024;
+    });
+    s.upsert(&[1, 2], &[1., 0., 0., 0., 0., 0., 0., 0., 0., 1., 0., 0., 0., 0., 0., 0.], &UpsertOptions::default()).unwrap();
+    let seg = Segment::attach(&name).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    let me = std::process::id();
+    let mut errors = 0;
+    for round in 0..400 {
+        let i = round % seg.slot_count();
+        let slot = seg.slot(i);
+        let w = slot.state.load(Ordering::Acquire);
+        if shm::state_of(w) != shm::SLOT_FREE {
+            continue;
+        }
+        let claimed = shm::pack(me, shm::gen_of(w) + 1, shm::SLOT_CLAIMED);
+        if slot.state.compare_exchange(w, claimed, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            continue;
+        }
+        // Random bytes; half the time start with a valid op code so the parsers get exercised.
+        let len = rng.random_range(0..seg.data_bytes());
+        let mut junk: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        if len >= 4 && round % 2 == 0 {
+            // Every op but CLEAR (which a client may legitimately send) and unknown ones.
+            let op: u32 = [1, 2, 3, 4, 5, 6, 8, 0xdead][rng.random_range(0..8)];
+            junk[..4].copy_from_slice(&op.to_le_bytes());
+            if len >= 8 && op == 1 {
+                junk[4..8].copy_from_slice(&(rng.random_range(0..2000u32)).to_le_bytes());
+            }
+        }
+        seg.write_data(i, 0, &junk);
+        // A lying length (beyond the data area) must be clamped, not trusted.
+        let claimed_len = if round % 5 == 0 { u32::MAX } else { len as u32 };
+        slot.req_len.store(claimed_len, Ordering::Relaxed);
+        let sub = shm::with_state(claimed, shm::SLOT_SUBMITTED);
+        slot.state.store(sub, Ordering::SeqCst);
+        let h = seg.header();
+        h.doorbell.fetch_add(1, Ordering::SeqCst);
+        shm::futex::wake(&h.doorbell, 1);
+        let done = shm::with_state(sub, shm::SLOT_DONE);
+        let t0 = Instant::now();
+        while slot.state.load(Ordering::Acquire) != done {
+            assert!(t0.elapsed() < Duration::from_secs(5), "server stopped answering garbage");
+            std::thread::yield_now();
+        }
+        if slot.status.load(Ordering::Acquire) != 0 {
+            errors += 1;
+        }
+        slot.state.store(shm::pack(0, shm::gen_of(sub), shm::SLOT_FREE), Ordering::SeqCst);
+    }
+    assert!(errors > 300, "garbage should almost always be rejected ({errors} errors)");
+    // Everyone else is still served, and the table is intact.
+    let c = client(&name, |_| {});
+    let recs = c.get(&[1, 2]).unwrap();
+    assert_eq!(recs[0].vector, vec![1., 0., 0., 0., 0., 0., 0., 0.]);
+    assert_eq!(recs[1].vector, vec![0., 1., 0., 0., 0., 0., 0., 0.]);
+    assert!(c.recall(&[1., 0., 0., 0., 0., 0., 0., 0.], 2, &RecallOptions::default()).is_ok());
+    assert!(c.stats().unwrap().count >= 2, "stats still answer");
+}
+
+/// A slot claimed by a process that died is reclaimed by the server's housekeeping.
+#[test]
+fn slots_of_dead_clients_are_reclaimed() {
+    let name = uniq("reclaim");
+    let s = server(&name, 4, |o| o.slots = 1);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let seg = Segment::attach(&name).unwrap();
+    let slot = seg.slot(0);
+    let w = slot.state.load(Ordering::Acquire);
+    slot.state.store(shm::pack(dead_pid, shm::gen_of(w) + 1, shm::SLOT_CLAIMED), Ordering::SeqCst);
+    // The only slot is held by a dead process: a call can only succeed once it is reclaimed.
+    let t0 = Instant::now();
+    let st = s.stats();
+    assert!(st.is_ok(), "{st:?}");
+    eprintln!("reclaimed after {:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+/// Every error path of the Rust API leaves the store unchanged.
+#[test]
+fn bad_input_changes_nothing() {
+    let name = uniq("bad");
+    let s = server(&name, 3, |o| {
+        o.capacity = 2;
+        o.max_payload_bytes = 8;
+    });
+    let u = UpsertOptions::default();
+    assert_eq!(s.upsert(&[1], &[1., 2.], &u).unwrap_err().status, Status::DimensionMismatch);
+    assert_eq!(s.upsert(&[1], &[1., f32::NAN, 2.], &u).unwrap_err().status, Status::NonFinite);
+    let big = [0u8; 9];
+    let pu = UpsertOptions { payloads: Some(vec![Some(&big[..])]), ..Default::default() };
+    assert_eq!(s.upsert(&[1], &[1., 2., 3.], &pu).unwrap_err().status, Status::PayloadTooLarge);
+    let past = UpsertOptions { expires_ms: 1, ..Default::default() };
+    assert_eq!(s.upsert(&[1], &[1., 2., 3.], &past).unwrap_err().status, Status::InvalidArgument);
+    assert_eq!(s.upsert(&[1, 2, 3], &[1.; 9], &u).unwrap_err().status, Status::StoreFull);
+    assert_eq!(s.stats().unwrap().count, 0);
+    s.upsert(&[1, 2], &[1., 0., 0., 0., 1., 0.], &u).unwrap();
+    assert_eq!(s.recall(&[1., 0., 0.], 0, &RecallOptions::default()).unwrap_err().status, Status::KOutOfRange);
+    assert_eq!(s.recall(&[1., 0., 0.], 1025, &RecallOptions::default()).unwrap_err().status, Status::KOutOfRange);
+    assert_eq!(s.recall(&[1., 0.], 1, &RecallOptions::default()).unwrap_err().status, Status::DimensionMismatch);
+    assert_eq!(s.recall(&[f32::INFINITY, 0., 0.], 1, &RecallOptions::default()).unwrap_err().status, Status::NonFinite);
+    let e = s.delete(&[1, 77]).unwrap_err();
+    assert_eq!(e.status, Status::NotFound);
+    assert!(e.message.contains("77"));
+    assert_eq!(s.get(&[78]).unwrap_err().status, Status::NotFound);
+    assert_eq!(s.stats().unwrap().count, 2);
+    let l2_recency = RecallOptions { recency: Some(Recency { weight: 2.0, half_life_ms: 1.0 }), ..Default::default() };
+    assert_eq!(s.recall(&[1., 0., 0.], 1, &l2_recency).unwrap_err().status, Status::InvalidArgument);
+    assert_eq!(Kalos::open("no such/name", &Options::default()).err().unwrap().status, Status::InvalidName);
+    s.close();
+    assert_eq!(s.recall(&[1., 0., 0.], 1, &RecallOptions::default()).unwrap_err().status, Status::Closed);
+}
+
+/// A request larger than a slot is refused with TOO_LARGE (or split, for upserts and batches).
+#[test]
+fn large_calls_are_split_or_refused() {
+    let name = uniq("split");
+    let dim = 32usize;
+    let s = server(&name, dim as u32, |o| {
+        o.slot_bytes = 8192;
+        o.max_payload_bytes = 4096;
+        o.capacity = 10_000;
+    });
+    let n = 2000usize; // 2000 x 32 x 4 = 256 KB: many slot-sized chunks
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    let v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let ids: Vec<u64> = (0..n as u64).collect();
+    s.upsert(&ids, &v, &UpsertOptions::default()).unwrap();
+    assert_eq!(s.stats().unwrap().count, n as u64);
+    let nq = 300;
+    let res = s.recall_batch(&v[..nq * dim], nq, 3, &RecallOptions::default()).unwrap();
+    for (i, hits) in res.iter().enumerate() {
+        let single = s.recall(&v[i * dim..(i + 1) * dim], 3, &RecallOptions::default()).unwrap();
+        assert_eq!(hits, &single, "batch row {i} equals the single query");
+    }
+    // k=1000 hits need 12 KB of response: more than a slot.
+    assert_eq!(s.recall(&v[..dim], 1000, &RecallOptions::default()).unwrap_err().status, Status::TooLarge);
+}
