@@ -25,6 +25,9 @@ SERVE OPTIONS:
   --load FILE.npy        vectors to load at start: float32/float16, shape (n, D)
   --ids FILE.npy         ids for --load: uint64/int64, shape (n,)  (default 0..n-1)
   --namespaces FILE.npy  namespaces for --load: uint64, shape (n,) (default all 0)
+  --synthetic N          fill with N synthetic memories instead: clustered unit vectors,
+                         ids 0..N-1, namespace = id % 100 (a user), payload text per memory
+  --seed S               seed for --synthetic                   (default: time)
   --data-dir DIR         write-ahead log + snapshots directory (default: memory only)
   --sync P               always | interval | never               (default always)
   --sync-interval-ms MS  fsync interval for --sync interval       (default 100)
@@ -93,7 +96,50 @@ fn print_stats(s: &Stats) {
     );
 }
 
+/// Deterministic synthetic memories: 64 topic centroids, each memory a noisy copy of one, so
+/// recall has real structure to find (near neighbours share a topic).
+fn synthetic(k: &Kalos, n: usize, dim: usize, seed: u64) -> Result<usize> {
+    let mut s = seed | 1;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    };
+    let topics = 64;
+    let centroids: Vec<f32> = (0..topics * dim).map(|_| rnd() as f32).collect();
+    const WORDS: [&str; 8] = ["prefers", "mentioned", "asked about", "is allergic to", "works on", "visited", "likes", "plans"];
+    const THINGS: [&str; 8] = ["green tea", "Rust", "Lisbon", "peanuts", "the Q3 report", "jazz", "hiking", "a trip to Kyoto"];
+    let chunk = 2048;
+    let mut i = 0;
+    while i < n {
+        let j = (i + chunk).min(n);
+        let mut vecs = Vec::with_capacity((j - i) * dim);
+        let mut ns = Vec::with_capacity(j - i);
+        let mut texts = Vec::with_capacity(j - i);
+        for id in i..j {
+            let t = id % topics;
+            for d in 0..dim {
+                vecs.push(centroids[t * dim + d] + 0.35 * rnd() as f32);
+            }
+            ns.push((id % 100) as u64);
+            texts.push(format!("user {} {} {} (memory {id}, topic {t})", id % 100, WORDS[t % 8], THINGS[(t / 8) % 8]).into_bytes());
+        }
+        let ids: Vec<u64> = (i as u64..j as u64).collect();
+        let payloads: Vec<Option<&[u8]>> = texts.iter().map(|t| Some(t.as_slice())).collect();
+        let o = UpsertOptions { namespaces: Namespaces::PerItem(&ns), payloads: Some(payloads), ..Default::default() };
+        k.upsert(&ids, &vecs, &o)?;
+        i = j;
+    }
+    Ok(n)
+}
+
 fn load(k: &Kalos, a: &Args, dim: usize) -> Result<usize> {
+    if let Some(n) = a.get("--synthetic") {
+        let n: usize = n.parse().unwrap_or_else(|_| usage("--synthetic expects a count"));
+        let seed = a.num("--seed", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
+        return synthetic(k, n, dim, seed);
+    }
     let Some(vp) = a.get("--load") else { return Ok(0) };
     let v = npy::read(&PathBuf::from(vp))?;
     let NpyData::F32(vals) = v.data else {
