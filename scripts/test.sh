@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every test of the repository (what CI runs). Each suite runs even when an earlier one
+# failed; the script exits non-zero if any failed and prints a summary table last.
+#   scripts/test.sh            all suites
+#   scripts/test.sh rust c     only the named suites
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+ALL=(rust c python go java nvrtc)
+SUITES=("${@:-${ALL[@]}}")
+declare -A RESULT
+declare -A SECS
+failed=0
+
+run_suite() {
+  local name=$1; shift
+  echo "::group:: $name"
+  local t0=$SECONDS
+  if "$@"; then RESULT[$name]=ok; else RESULT[$name]=FAILED; failed=1; fi
+  SECS[$name]=$((SECONDS - t0))
+  echo "::endgroup:: $name ${RESULT[$name]} (${SECS[$name]} s)"
+}
+
+build() { cargo build --release --all-targets; }
+
+suite_rust() { build && cargo test --release -- --test-threads=2; }
+suite_c() { build && tests/c/run.sh; }
+suite_python() { build && bindings/python/ci.sh; }
+suite_go() { build && bindings/go/ci.sh; }
+suite_java() { build && bindings/java/ci.sh; }
+suite_nvrtc() { tests/gpu/nvrtc_compile_check.sh; }
+
+for s in "${SUITES[@]}"; do
+  run_suite "$s" "suite_$s"
+done
+
+echo
+echo "suite      result   seconds"
+for s in "${SUITES[@]}"; do
+  printf "%-10s %-8s %s\n" "$s" "${RESULT[$s]}" "${SECS[$s]}"
+done
+exit $failed
