@@ -362,7 +362,12 @@ macro_rules! x86_kernels {
                         j += $R;
                     }
                     while j < n {
-                        *op.add(a0 * n + j) = dot(q, row_ptr(j), dim);
+                        // The same tile arithmetic as every other score of the batch, so equal
+                        // rows get bit-equal scores wherever they fall (ties stay exact).
+                        let x = [row_ptr(j)];
+                        let mut t = [[0.0f32; 1]; 1];
+                        tile::<1, 1>(q, &x, dim, &mut t);
+                        *op.add(a0 * n + j) = t[0][0];
                         j += 1;
                     }
                     a0 += 1;
