@@ -295,6 +295,9 @@ fn main() {
     if args.first().map(|s| s.as_str()) == Some("client") {
         return client_main(&args[1..]);
     }
+    if args.first().map(|s| s.as_str()) == Some("probe") {
+        return probe(&args[1..]);
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let only: Option<String> = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1).cloned());
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -421,4 +424,25 @@ fn main() {
     println!();
     println!("## Idle server");
     println!("{idle}");
+}
+
+/// `probe ROWS DIM`: alternates a plain sum over the table and single-thread scans (min of 10
+/// each), the quickest A/B under a noisy machine.
+fn probe(args: &[String]) {
+    let rows: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let dim: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(384);
+    let mut r = StdRng::seed_from_u64(42);
+    let vecs: Vec<f32> = (0..rows * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let qs: Vec<f32> = (0..NQ * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let st = build_store(&vecs, dim);
+    drop(vecs);
+    let mut e = CpuEngine::new(1);
+    let (mut bs, mut bt) = (f64::MAX, f64::MAX);
+    for _ in 0..10 {
+        let t0 = Instant::now();
+        std::hint::black_box(sum(st.vectors()));
+        bs = bs.min(t0.elapsed().as_secs_f64() * 1e6);
+        bt = bt.min(scan_times(&mut e, &st, &qs, 1, 1)[0] / 1e3);
+    }
+    println!("probe {rows}x{dim}: sum {bs:.0} us, scan {bt:.0} us, ratio {:.2}", bt / bs);
 }

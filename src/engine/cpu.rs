@@ -35,11 +35,13 @@
 //! Rows are split into one contiguous range per worker; each worker keeps its own top-k per
 //! query and the server thread merges them. Workers are scoped threads spawned per search,
 //! only when the table is large enough for the split to pay ([`CpuEngine::set_parallel_min_bytes`],
-//! default 2 MiB of vectors). A persistent pool would save the spawn (~20–40 µs here), but its
-//! wake-up is a futex wake of about the same cost on these VMs unless the workers spin, and
-//! spinning workers would break the "idle server uses no CPU" rule; above the threshold the scan
-//! takes ≥ 100 µs so the spawn is a few percent. Scoped threads also need no `'static` data and
-//! propagate a panic to the server's `catch_unwind`.
+//! default 8 MiB of vectors). A persistent pool would save the spawn (~20–50 µs here), but its
+//! wake-up is a futex wake of about the same cost on these VMs (a futex ping-pong is ~45 µs)
+//! unless the workers spin, and spinning workers would break the "idle server uses no CPU" rule.
+//! Measured on the 2-core reference VM: a 10k×128 table (5 MiB, in L3) scans in ~70 µs on one
+//! thread and ~115 µs split in two (spawn + wake dominate), so the split starts above 8 MiB,
+//! where the scan is memory-bound and takes ≥ 0.3 ms. Scoped threads also need no `'static`
+//! data and propagate a panic to the server's `catch_unwind`.
 //!
 //! All scratch (heaps, score buffers, row lists) lives in the engine and is reused; a search
 //! allocates nothing except the caller-facing result vectors on first use.
@@ -453,7 +455,7 @@ const BLOCK_BYTES_BATCH: usize = 256 * 1024;
 /// Queries scored per pass over a block in batched mode (bounds the score scratch).
 const QUERY_CHUNK: usize = 64;
 /// Default size of the table above which a scan is split across threads.
-pub const DEFAULT_PARALLEL_MIN_BYTES: usize = 2 << 20;
+pub const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
 
 /// Per-thread scratch.
 #[derive(Default)]
