@@ -445,4 +445,8 @@ fn probe(args: &[String]) {
         bt = bt.min(scan_times(&mut e, &st, &qs, 1, 1)[0] / 1e3);
     }
     println!("probe {rows}x{dim}: sum {bs:.0} us, scan {bt:.0} us, ratio {:.2}", bt / bs);
+    for nq in [4usize, 16, 64] {
+        let b = scan_times(&mut e, &st, &qs, nq, 5)[0] / 1e3;
+        println!("  batch {nq} x1: {b:.1} us/query, {:.2} GFLOP/s", 2.0 * (rows * dim) as f64 / b / 1e3);
+    }
 }
