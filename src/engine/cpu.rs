@@ -454,8 +454,9 @@ const BLOCK_ROWS_SINGLE: usize = 1024;
 const BLOCK_BYTES_BATCH: usize = 256 * 1024;
 /// Queries scored per pass over a block in batched mode (bounds the score scratch).
 const QUERY_CHUNK: usize = 64;
-/// Default size of the table above which a scan is split across threads.
-pub const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
+/// Default size of the table above which a scan is split across threads (private: cbindgen
+/// exports every `pub const` of the crate into include/kalos.h).
+const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
 
 /// Per-thread scratch.
 #[derive(Default)]
