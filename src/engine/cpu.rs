@@ -1,19 +1,666 @@
-//! Exact CPU engine (placeholder scalar version; replaced by the SIMD engine).
+//! Exact CPU engine: SIMD scan + bounded top-k, multithreaded for large tables, blocked
+//! (GEMM-style) kernel for batches of queries.
+//!
+//! # Shape of a search
+//! The table is walked in blocks of rows. For each block:
+//! 1. Row selection. With no namespace filter and no expiring rows the block is a dense range.
+//!    Otherwise only the `namespaces` (and, when some row can expire, `expires_ms`) columns are
+//!    read, and the matching row numbers are gathered; rows that do not match are never touched
+//!    by the dot-product kernel, so a selective filter reads a small fraction of the vectors.
+//! 2. Scores. One query: a per-row kernel (4 independent FMA accumulators, masked tail) that
+//!    streams each row once; L2 is computed directly as `Σ(q−x)²`, which is as fast as the dot
+//!    product for a memory-bound scan and has no cancellation error. Several queries: a
+//!    register-blocked tile kernel computes a `Q×R` block of dot products (4 queries × 4 rows
+//!    with AVX-512: 16 accumulators, each loaded value used 4 times) while the row block sits in
+//!    L2, so the table is read from memory once per batch rather than once per query; L2 then
+//!    uses `|q|² − 2q·x + |x|²` with the stored `|x|²`.
+//! 3. Selection. Each score is compared with the query's current k-th best key and only
+//!    candidates that can enter are pushed into the bounded heap ([`TopK`]). With recency
+//!    weighting the upper bound `(1−w)·s + w` (the boost is at most 1) is tested first, so the
+//!    `exp2` is only paid by rows that can still make the top-k.
+//!
+//! # Why `std::arch` and not a SIMD crate
+//! simsimd / numkong give excellent single pair kernels (dot, l2 of two vectors), but what this
+//! engine needs is different: a row-block tile kernel for batches (several queries × several rows
+//! per pass, register blocked), fused with row gathering for filters and a threshold test per
+//! score. Those would have to be written around the crate anyway, and both crates are C (or C++)
+//! compiled by a build script, which adds a C toolchain dependency and a second FFI boundary to a
+//! `cdylib` that must stay `panic = "unwind"`-clean. The kernels here are ~300 lines, the
+//! AVX-512 intrinsics are stable in Rust (1.89+), and dispatch is one `is_x86_feature_detected!`
+//! at construction. On aarch64 (and x86 without AVX2) the scalar kernel is written with 8
+//! independent accumulators so LLVM vectorises it with the baseline SIMD (NEON / SSE2);
+//! hand-written NEON was left out because it could not be compiled or tested on this machine.
+//!
+//! # Threads
+//! Rows are split into one contiguous range per worker; each worker keeps its own top-k per
+//! query and the server thread merges them. Workers are scoped threads spawned per search,
+//! only when the table is large enough for the split to pay ([`CpuEngine::set_parallel_min_bytes`],
+//! default 8 MiB of vectors). A persistent pool would save the spawn (~20–50 µs here), but its
+//! wake-up is a futex wake of about the same cost on these VMs (a futex ping-pong is ~45 µs)
+//! unless the workers spin, and spinning workers would break the "idle server uses no CPU" rule.
+//! Measured on the 2-core reference VM: a 10k×128 table (5 MiB, in L3) scans in ~70 µs on one
+//! thread and ~115 µs split in two (spawn + wake dominate), so the split starts above 8 MiB,
+//! where the scan is memory-bound and takes ≥ 0.3 ms. Scoped threads also need no `'static`
+//! data and propagate a panic to the server's `catch_unwind`.
+//!
+//! All scratch (heaps, score buffers, row lists) lives in the engine and is reused; a search
+//! allocates nothing except the caller-facing result vectors on first use.
 
-use super::{Engine, EngineKind, TopK};
+use super::{recency_boost, Engine, EngineKind, TopK};
 use crate::error::Result;
 use crate::store::Store;
-use crate::types::{Hit, Metric, SearchRequest};
+use crate::types::{Filter, Hit, Metric, Recency, SearchRequest};
+
+/// Instruction set used by the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA (256-bit).
+    Avx2,
+    /// AVX-512F (512-bit, masked tails).
+    Avx512,
+}
+
+impl Isa {
+    /// Best instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        *Isa::available().last().unwrap()
+    }
+    /// Every instruction set this CPU can run, worst first (tests compare them all).
+    pub fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+}
+
+/// Rows of one block: a dense range or a gathered list (filters, expiry).
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    Range(usize, usize),
+    Idx(&'a [u32]),
+}
+
+impl Rows<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        match *self {
+            Rows::Range(_, n) => n,
+            Rows::Idx(v) => v.len(),
+        }
+    }
+    #[inline(always)]
+    fn get(&self, j: usize) -> usize {
+        match *self {
+            Rows::Range(s, _) => s + j,
+            Rows::Idx(v) => v[j] as usize,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------------
+
+mod scalar {
+    use super::Rows;
+
+    #[inline(always)]
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // 8 independent accumulators: LLVM turns this into SIMD with the baseline ISA.
+        let mut acc = [0.0f32; 8];
+        let ca = a.chunks_exact(8);
+        let cb = b.chunks_exact(8);
+        let (ra, rb) = (ca.remainder(), cb.remainder());
+        for (x, y) in ca.zip(cb) {
+            for i in 0..8 {
+                acc[i] += x[i] * y[i];
+            }
+        }
+        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (x, y) in ra.iter().zip(rb) {
+            s += x * y;
+        }
+        s
+    }
+
+    #[inline(always)]
+    pub fn l2(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 8];
+        let ca = a.chunks_exact(8);
+        let cb = b.chunks_exact(8);
+        let (ra, rb) = (ca.remainder(), cb.remainder());
+        for (x, y) in ca.zip(cb) {
+            for i in 0..8 {
+                let d = x[i] - y[i];
+                acc[i] += d * d;
+            }
+        }
+        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (x, y) in ra.iter().zip(rb) {
+            let d = x - y;
+            s += d * d;
+        }
+        s
+    }
+
+    pub fn scores(l2sq: bool, q: &[f32], vecs: &[f32], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+        for (j, o) in out.iter_mut().enumerate().take(rows.len()) {
+            let r = rows.get(j);
+            let x = &vecs[r * dim..(r + 1) * dim];
+            *o = if l2sq { l2(q, x) } else { dot(q, x) };
+        }
+    }
+
+    pub fn gemm(qs: &[f32], nq: usize, vecs: &[f32], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+        let n = rows.len();
+        for j in 0..n {
+            let r = rows.get(j);
+            let x = &vecs[r * dim..(r + 1) * dim];
+            for a in 0..nq {
+                out[a * n + j] = dot(&qs[a * dim..(a + 1) * dim], x);
+            }
+        }
+    }
+}
+
+/// Generates the per-ISA kernels: `scores` (one query against a block of rows, dot or L2) and
+/// `gemm` (a batch of queries against a block of rows, register-blocked `Q×R` tiles).
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_kernels {
+    (
+        mod $m:ident, feature = $feat:literal, lanes = $L:literal, vec = $V:ty,
+        zero = $zero:path, load = $load:path, fma = $fma:path, add = $add:path, sub = $sub:path, mul = $mul:path,
+        tail_load = $tail:ident, hsum = $hsum:ident, tile = ($R:literal, $Q:literal)
+    ) => {
+        pub mod $m {
+            use super::super::Rows;
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// Dot product of `dim` values at `a` and `b`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            pub unsafe fn dot(a: *const f32, b: *const f32, dim: usize) -> f32 {
+                let (mut a0, mut a1, mut a2, mut a3) = ($zero(), $zero(), $zero(), $zero());
+                let mut i = 0;
+                while i + 4 * $L <= dim {
+                    a0 = $fma($load(a.add(i)), $load(b.add(i)), a0);
+                    a1 = $fma($load(a.add(i + $L)), $load(b.add(i + $L)), a1);
+                    a2 = $fma($load(a.add(i + 2 * $L)), $load(b.add(i + 2 * $L)), a2);
+                    a3 = $fma($load(a.add(i + 3 * $L)), $load(b.add(i + 3 * $L)), a3);
+                    i += 4 * $L;
+                }
+                while i + $L <= dim {
+                    a0 = $fma($load(a.add(i)), $load(b.add(i)), a0);
+                    i += $L;
+                }
+                if i < dim {
+                    a1 = $fma($tail(a.add(i), dim - i), $tail(b.add(i), dim - i), a1);
+                }
+                $hsum($add($add(a0, a1), $add(a2, a3)))
+            }
+
+            /// Squared Euclidean distance of `dim` values at `a` and `b`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            pub unsafe fn l2(a: *const f32, b: *const f32, dim: usize) -> f32 {
+                let (mut a0, mut a1, mut a2, mut a3) = ($zero(), $zero(), $zero(), $zero());
+                let mut i = 0;
+                while i + 4 * $L <= dim {
+                    let d0 = $sub($load(a.add(i)), $load(b.add(i)));
+                    let d1 = $sub($load(a.add(i + $L)), $load(b.add(i + $L)));
+                    let d2 = $sub($load(a.add(i + 2 * $L)), $load(b.add(i + 2 * $L)));
+                    let d3 = $sub($load(a.add(i + 3 * $L)), $load(b.add(i + 3 * $L)));
+                    a0 = $fma(d0, d0, a0);
+                    a1 = $fma(d1, d1, a1);
+                    a2 = $fma(d2, d2, a2);
+                    a3 = $fma(d3, d3, a3);
+                    i += 4 * $L;
+                }
+                while i + $L <= dim {
+                    let d = $sub($load(a.add(i)), $load(b.add(i)));
+                    a0 = $fma(d, d, a0);
+                    i += $L;
+                }
+                if i < dim {
+                    let d = $sub($tail(a.add(i), dim - i), $tail(b.add(i), dim - i));
+                    a1 = $fma(d, d, a1);
+                }
+                $hsum($add($add(a0, a1), $add(a2, a3)))
+            }
+
+            /// One query against every row of `rows` (dot, or squared distance when `l2sq`).
+            #[target_feature(enable = $feat)]
+            pub unsafe fn scores(l2sq: bool, q: &[f32], vecs: &[f32], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+                let n = rows.len();
+                assert!(out.len() >= n && q.len() >= dim);
+                let (qp, base) = (q.as_ptr(), vecs.as_ptr());
+                if l2sq {
+                    for j in 0..n {
+                        let r = rows.get(j);
+                        debug_assert!((r + 1) * dim <= vecs.len());
+                        *out.get_unchecked_mut(j) = l2(qp, base.add(r * dim), dim);
+                    }
+                } else {
+                    for j in 0..n {
+                        let r = rows.get(j);
+                        debug_assert!((r + 1) * dim <= vecs.len());
+                        *out.get_unchecked_mut(j) = dot(qp, base.add(r * dim), dim);
+                    }
+                }
+            }
+
+            /// `Q` queries (consecutive, stride `dim`) × `R` rows of dot products; `out[a][r]`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            unsafe fn tile<const R: usize, const Q: usize>(q: *const f32, x: &[*const f32; R], dim: usize, out: &mut [[f32; R]; Q]) {
+                let mut acc = [[$zero(); R]; Q];
+                let mut i = 0;
+                while i + $L <= dim {
+                    let mut xv = [$zero(); R];
+                    for r in 0..R {
+                        xv[r] = $load(x[r].add(i));
+                    }
+                    for a in 0..Q {
+                        let qv = $load(q.add(a * dim + i));
+                        for r in 0..R {
+                            acc[a][r] = $fma(qv, xv[r], acc[a][r]);
+                        }
+                    }
+                    i += $L;
+                }
+                if i < dim {
+                    let rem = dim - i;
+                    let mut xv = [$zero(); R];
+                    for r in 0..R {
+                        xv[r] = $tail(x[r].add(i), rem);
+                    }
+                    for a in 0..Q {
+                        let qv = $tail(q.add(a * dim + i), rem);
+                        for r in 0..R {
+                            acc[a][r] = $fma(qv, xv[r], acc[a][r]);
+                        }
+                    }
+                }
+                for a in 0..Q {
+                    for r in 0..R {
+                        out[a][r] = $hsum(acc[a][r]);
+                    }
+                }
+            }
+
+            /// `nq` queries against every row of `rows`: `out[a * n + j]` = q_a · x_{rows[j]}.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn gemm(qs: &[f32], nq: usize, vecs: &[f32], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+                let n = rows.len();
+                assert!(out.len() >= nq * n && qs.len() >= nq * dim);
+                let base = vecs.as_ptr();
+                let qp = qs.as_ptr();
+                let row_ptr = |j: usize| -> *const f32 {
+                    let r = rows.get(j);
+                    debug_assert!((r + 1) * dim <= vecs.len());
+                    base.add(r * dim)
+                };
+                let op = out.as_mut_ptr();
+                let mut a0 = 0;
+                while a0 + $Q <= nq {
+                    let q = qp.add(a0 * dim);
+                    let mut j = 0;
+                    while j + $R <= n {
+                        let mut x = [std::ptr::null(); $R];
+                        for r in 0..$R {
+                            x[r] = row_ptr(j + r);
+                        }
+                        let mut t = [[0.0f32; $R]; $Q];
+                        tile::<$R, $Q>(q, &x, dim, &mut t);
+                        for a in 0..$Q {
+                            for r in 0..$R {
+                                *op.add((a0 + a) * n + j + r) = t[a][r];
+                            }
+                        }
+                        j += $R;
+                    }
+                    while j < n {
+                        let x = [row_ptr(j)];
+                        let mut t = [[0.0f32; 1]; $Q];
+                        tile::<1, $Q>(q, &x, dim, &mut t);
+                        for a in 0..$Q {
+                            *op.add((a0 + a) * n + j) = t[a][0];
+                        }
+                        j += 1;
+                    }
+                    a0 += $Q;
+                }
+                while a0 < nq {
+                    let q = qp.add(a0 * dim);
+                    let mut j = 0;
+                    while j + $R <= n {
+                        let mut x = [std::ptr::null(); $R];
+                        for r in 0..$R {
+                            x[r] = row_ptr(j + r);
+                        }
+                        let mut t = [[0.0f32; $R]; 1];
+                        tile::<$R, 1>(q, &x, dim, &mut t);
+                        for r in 0..$R {
+                            *op.add(a0 * n + j + r) = t[0][r];
+                        }
+                        j += $R;
+                    }
+                    while j < n {
+                        // The same tile arithmetic as every other score of the batch, so equal
+                        // rows get bit-equal scores wherever they fall (ties stay exact).
+                        let x = [row_ptr(j)];
+                        let mut t = [[0.0f32; 1]; 1];
+                        tile::<1, 1>(q, &x, dim, &mut t);
+                        *op.add(a0 * n + j) = t[0][0];
+                        j += 1;
+                    }
+                    a0 += 1;
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tail512(p: *const f32, n: usize) -> __m512 {
+        _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p)
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn hsum512(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tail256(p: *const f32, n: usize) -> __m256 {
+        let m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskload_ps(p, m)
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    x86_kernels!(mod avx512, feature = "avx512f", lanes = 16, vec = __m512,
+        zero = _mm512_setzero_ps, load = _mm512_loadu_ps, fma = _mm512_fmadd_ps, add = _mm512_add_ps,
+        sub = _mm512_sub_ps, mul = _mm512_mul_ps, tail_load = tail512, hsum = hsum512, tile = (4, 4));
+    // 16 ymm registers: 2 rows × 4 queries = 8 accumulators + 2 row vectors + 1 query vector.
+    x86_kernels!(mod avx2, feature = "avx2,fma", lanes = 8, vec = __m256,
+        zero = _mm256_setzero_ps, load = _mm256_loadu_ps, fma = _mm256_fmadd_ps, add = _mm256_add_ps,
+        sub = _mm256_sub_ps, mul = _mm256_mul_ps, tail_load = tail256, hsum = hsum256, tile = (2, 4));
+}
+
+/// One query against a block of rows.
+#[inline]
+fn scores(isa: Isa, l2sq: bool, q: &[f32], vecs: &[f32], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+    match isa {
+        // SAFETY: the ISA was detected at run time before it was selected.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::avx512::scores(l2sq, q, vecs, dim, rows, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::avx2::scores(l2sq, q, vecs, dim, rows, out) },
+        _ => scalar::scores(l2sq, q, vecs, dim, rows, out),
+    }
+}
+
+/// A batch of queries against a block of rows (dot products, query-major output).
+#[inline]
+fn gemm(isa: Isa, qs: &[f32], nq: usize, vecs: &[f32], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+    match isa {
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::avx512::gemm(qs, nq, vecs, dim, rows, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::avx2::gemm(qs, nq, vecs, dim, rows, out) },
+        _ => scalar::gemm(qs, nq, vecs, dim, rows, out),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+// ---------------------------------------------------------------------------------------------
+
+/// Rows per block for single queries (only amortises per-block work; nothing is reused).
+const BLOCK_ROWS_SINGLE: usize = 1024;
+/// Bytes of row data per block for batches: the block is re-read by every query tile, so it
+/// must stay in L2 (1 MiB per core on the reference machine; half of it leaves room for queries).
+const BLOCK_BYTES_BATCH: usize = 256 * 1024;
+/// Queries scored per pass over a block in batched mode (bounds the score scratch).
+const QUERY_CHUNK: usize = 64;
+/// Default size of the table above which a scan is split across threads (private: cbindgen
+/// exports every `pub const` of the crate into include/kalos.h).
+const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
+
+/// Per-thread scratch.
+#[derive(Default)]
+struct Worker {
+    tops: Vec<TopK>,
+    scores: Vec<f32>,
+    idx: Vec<u32>,
+}
+
+impl Worker {
+    fn prepare(&mut self, nq: usize, k: usize, score_len: usize) {
+        while self.tops.len() < nq {
+            self.tops.push(TopK::new(k));
+        }
+        for t in &mut self.tops[..nq] {
+            t.reset(k);
+        }
+        if self.scores.len() < score_len {
+            self.scores.resize(score_len, 0.0);
+        }
+    }
+}
+
+/// Everything a worker reads (shared, read-only).
+struct Ctx<'a> {
+    isa: Isa,
+    metric: Metric,
+    dim: usize,
+    nq: usize,
+    queries: &'a [f32],
+    qnorms: &'a [f32],
+    vectors: &'a [f32],
+    norms: &'a [f32],
+    ids: &'a [u64],
+    namespaces: &'a [u64],
+    created: &'a [u64],
+    expires: &'a [u64],
+    filter: &'a Filter,
+    check_expiry: bool,
+    now_ms: u64,
+    recency: Option<Recency>,
+    block_rows: usize,
+}
 
 pub struct CpuEngine {
     threads: usize,
+    isa: Isa,
+    par_min_bytes: usize,
+    workers: Vec<Worker>,
+    qnorms: Vec<f32>,
 }
 
 impl CpuEngine {
-    /// `threads` = 0 picks the number of available cores.
+    /// `threads` = 0 picks the number of available cores. Uses the best instruction set of this CPU.
     pub fn new(threads: usize) -> CpuEngine {
+        CpuEngine::with_isa(threads, Isa::detect())
+    }
+
+    /// Forces an instruction set (tests and benchmarks). Falls back to scalar if `isa` is not
+    /// supported by this CPU, so it is always safe.
+    pub fn with_isa(threads: usize, isa: Isa) -> CpuEngine {
         let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        CpuEngine { threads }
+        let isa = if Isa::available().contains(&isa) { isa } else { Isa::Scalar };
+        let par_min_bytes = std::env::var("KALOS_CPU_PARALLEL_MIN_BYTES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
+        CpuEngine { threads, isa, par_min_bytes, workers: Vec::new(), qnorms: Vec::new() }
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Tables with fewer bytes of vectors than this are scanned by the calling thread alone
+    /// (0 = always split when `threads` > 1). Also settable with `KALOS_CPU_PARALLEL_MIN_BYTES`.
+    pub fn set_parallel_min_bytes(&mut self, bytes: usize) {
+        self.par_min_bytes = bytes;
+    }
+
+    /// Number of workers for a scan of `rows` rows of `dim` values by `nq` queries.
+    fn plan_threads(&self, rows: usize, dim: usize, nq: usize, block_rows: usize) -> usize {
+        if self.threads <= 1 {
+            return 1;
+        }
+        // Batches do nq× the arithmetic on the same bytes; count a little of that as size.
+        let work = rows.saturating_mul(dim).saturating_mul(4).saturating_mul(nq.min(8));
+        if work < self.par_min_bytes {
+            return 1;
+        }
+        self.threads.min(rows.div_ceil(block_rows.max(16))).max(1)
+    }
+}
+
+/// Walks rows `r0..r1` and feeds every candidate into `tops[..nq]`.
+fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
+    let Worker { tops, scores: sbuf, idx } = w;
+    let dim = c.dim;
+    let all_ns = c.filter.namespaces.is_none();
+    let l2 = c.metric == Metric::L2;
+    let mut b0 = r0;
+    while b0 < r1 {
+        let n = c.block_rows.min(r1 - b0);
+        let rows = if all_ns && !c.check_expiry {
+            Rows::Range(b0, n)
+        } else {
+            // Read only the namespace / expiry columns; gather the rows that qualify.
+            idx.clear();
+            let ns = &c.namespaces[b0..b0 + n];
+            let ex = &c.expires[b0..b0 + n];
+            for j in 0..n {
+                let ok = (all_ns || c.filter.matches(ns[j])) && (!c.check_expiry || ex[j] > c.now_ms);
+                if ok {
+                    idx.push((b0 + j) as u32);
+                }
+            }
+            if idx.is_empty() {
+                b0 += n;
+                continue;
+            }
+            if idx.len() == n {
+                Rows::Range(b0, n)
+            } else {
+                Rows::Idx(idx)
+            }
+        };
+        let m = rows.len();
+        if c.nq == 1 {
+            let s = &mut sbuf[..m];
+            scores(c.isa, l2, &c.queries[..dim], c.vectors, dim, rows, s);
+            select(c, &mut tops[0], rows, s, None);
+        } else {
+            let mut a0 = 0;
+            while a0 < c.nq {
+                let qn = QUERY_CHUNK.min(c.nq - a0);
+                let s = &mut sbuf[..qn * m];
+                gemm(c.isa, &c.queries[a0 * dim..(a0 + qn) * dim], qn, c.vectors, dim, rows, s);
+                for a in 0..qn {
+                    let qnorm = if l2 { Some(c.qnorms[a0 + a]) } else { None };
+                    select(c, &mut tops[a0 + a], rows, &s[a * m..(a + 1) * m], qnorm);
+                }
+                a0 += qn;
+            }
+        }
+        b0 += n;
+    }
+}
+
+/// Turns raw scores into keys (larger is better) and pushes the ones that can enter `top`.
+/// `qnorm` is `Some(|q|²)` when `s` holds dot products of an L2 store (batched path); for an L2
+/// store with `qnorm = None`, `s` already holds squared distances.
+#[inline]
+fn select(c: &Ctx<'_>, top: &mut TopK, rows: Rows<'_>, s: &[f32], qnorm: Option<f32>) {
+    let mut thr = top.threshold();
+    let l2 = c.metric == Metric::L2;
+    let key_of = |j: usize, row: usize| -> f32 {
+        if !l2 {
+            s[j]
+        } else {
+            match qnorm {
+                None => -s[j],
+                Some(qn) => -(qn - 2.0 * s[j] + c.norms[row]).max(0.0),
+            }
+        }
+    };
+    match c.recency {
+        None if !l2 => {
+            // Hot path: inner product / cosine.
+            for (j, &key) in s.iter().enumerate() {
+                if key >= thr {
+                    top.push(key, c.ids[rows.get(j)]);
+                    thr = top.threshold();
+                }
+            }
+        }
+        None => {
+            for j in 0..s.len() {
+                let row = rows.get(j);
+                let key = key_of(j, row);
+                if key >= thr {
+                    top.push(key, c.ids[row]);
+                    thr = top.threshold();
+                }
+            }
+        }
+        Some(r) => {
+            let w = r.weight;
+            for j in 0..s.len() {
+                let row = rows.get(j);
+                let base = key_of(j, row);
+                // The boost is at most 1 and rounding is monotone, so this bounds the final key.
+                if (1.0 - w) * base + w * 1.0 < thr {
+                    continue;
+                }
+                let key = (1.0 - w) * base + w * recency_boost(c.now_ms, c.created[row], r.half_life_ms);
+                if key >= thr {
+                    top.push(key, c.ids[row]);
+                    thr = top.threshold();
+                }
+            }
+        }
     }
 }
 
@@ -22,35 +669,181 @@ impl Engine for CpuEngine {
         EngineKind::Cpu
     }
     fn describe(&self) -> String {
-        format!("cpu-scalar-x{}", self.threads)
+        format!("cpu-{}-x{}", self.isa.name(), self.threads)
     }
     fn sync(&mut self, _store: &Store, _dirty: &[u32]) -> Result<()> {
+        // The CPU engine scans the store's own columns: nothing to mirror.
         Ok(())
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let dim = store.dim();
-        out.clear();
-        for qi in 0..req.nq {
-            let q = &req.queries[qi * dim..(qi + 1) * dim];
-            let qn: f32 = q.iter().map(|x| x * x).sum();
-            let mut t = TopK::new(req.k);
-            for row in 0..store.len() {
-                if !req.filter.matches(store.namespaces()[row]) || store.expires_ms()[row] <= req.now_ms {
-                    continue;
+        let nq = req.nq;
+        let metric = store.metric();
+        let len = store.len();
+        out.resize_with(nq, Vec::new);
+        out.truncate(nq);
+        for o in out.iter_mut() {
+            o.clear();
+        }
+        if nq == 0 || req.k == 0 || len == 0 || dim == 0 {
+            return Ok(());
+        }
+        assert!(req.queries.len() >= nq * dim, "query buffer shorter than nq * dim");
+        let k = req.k;
+
+        self.qnorms.clear();
+        if metric == Metric::L2 && nq > 1 {
+            self.qnorms.extend(req.queries[..nq * dim].chunks_exact(dim).map(|q| q.iter().map(|x| x * x).sum::<f32>()));
+        }
+        let block_rows = if nq == 1 { BLOCK_ROWS_SINGLE } else { (BLOCK_BYTES_BATCH / (dim * 4)).clamp(16, 1024) & !3 };
+        let score_len = block_rows * nq.min(QUERY_CHUNK);
+        let t = self.plan_threads(len, dim, nq, block_rows);
+        while self.workers.len() < t {
+            self.workers.push(Worker::default());
+        }
+        for w in &mut self.workers[..t] {
+            w.prepare(nq, k, score_len);
+        }
+
+        let ctx = Ctx {
+            isa: self.isa,
+            metric,
+            dim,
+            nq,
+            queries: req.queries,
+            qnorms: &self.qnorms,
+            vectors: store.vectors(),
+            norms: store.norms(),
+            ids: store.ids(),
+            namespaces: store.namespaces(),
+            created: store.created_ms(),
+            expires: store.expires_ms(),
+            filter: req.filter,
+            check_expiry: store.has_expiring(),
+            now_ms: req.now_ms,
+            recency: req.recency,
+            block_rows,
+        };
+
+        if t == 1 {
+            scan(&ctx, &mut self.workers[0], 0, len);
+        } else {
+            // Contiguous ranges, multiples of 16 rows, the last one takes the rest.
+            let per = (len.div_ceil(t) + 15) & !15;
+            let ctx = &ctx;
+            let (first, rest) = self.workers[..t].split_first_mut().unwrap();
+            std::thread::scope(|s| {
+                for (i, w) in rest.iter_mut().enumerate() {
+                    let r0 = ((i + 1) * per).min(len);
+                    let r1 = ((i + 2) * per).min(len);
+                    if r0 < r1 {
+                        s.spawn(move || scan(ctx, w, r0, r1));
+                    }
                 }
-                let x = &store.vectors()[row * dim..(row + 1) * dim];
-                let d: f32 = q.iter().zip(x).map(|(a, b)| a * b).sum();
-                let mut key = match store.metric() {
-                    Metric::L2 => -(qn - 2.0 * d + store.norms()[row]).max(0.0),
-                    _ => d,
-                };
-                if let Some(r) = req.recency {
-                    key = (1.0 - r.weight) * key + r.weight * super::recency_boost(req.now_ms, store.created_ms()[row], r.half_life_ms);
+                scan(ctx, first, 0, per.min(len));
+            });
+            let (first, rest) = self.workers[..t].split_first_mut().unwrap();
+            for w in rest.iter() {
+                for qi in 0..nq {
+                    first.tops[qi].merge(&w.tops[qi]);
                 }
-                t.push(key, store.ids()[row]);
             }
-            out.push(t.into_hits(store.metric()));
+        }
+        for (qi, o) in out.iter_mut().enumerate() {
+            self.workers[0].tops[qi].drain_hits_into(metric, o);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::reference_search;
+    use crate::store::{UpsertItem, NEVER};
+    use rand::{Rng, SeedableRng};
+
+    fn naive_dot(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+    }
+
+    #[test]
+    fn kernels_match_f64_for_every_isa_and_odd_dims() {
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for &dim in &[1usize, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 128, 129, 384, 769] {
+            let n = 13;
+            let vecs: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let qs: Vec<f32> = (0..5 * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let idx: Vec<u32> = vec![12, 0, 5, 5, 7, 3];
+            for isa in Isa::available() {
+                for rows in [Rows::Range(0, n), Rows::Range(3, 9), Rows::Idx(&idx)] {
+                    let m = rows.len();
+                    let mut out = vec![0.0; m];
+                    let tol = 1e-4 * (dim as f64).sqrt();
+                    scores(isa, false, &qs[..dim], &vecs, dim, rows, &mut out);
+                    for j in 0..m {
+                        let r = rows.get(j);
+                        let want = naive_dot(&qs[..dim], &vecs[r * dim..(r + 1) * dim]);
+                        assert!((out[j] as f64 - want).abs() < tol, "{isa:?} dot dim {dim}: {} vs {want}", out[j]);
+                    }
+                    scores(isa, true, &qs[..dim], &vecs, dim, rows, &mut out);
+                    for j in 0..m {
+                        let r = rows.get(j);
+                        let want: f64 = qs[..dim].iter().zip(&vecs[r * dim..(r + 1) * dim]).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+                        assert!((out[j] as f64 - want).abs() < tol, "{isa:?} l2 dim {dim}: {} vs {want}", out[j]);
+                    }
+                    for nq in 1..=5 {
+                        let mut g = vec![f32::NAN; nq * m];
+                        gemm(isa, &qs[..nq * dim], nq, &vecs, dim, rows, &mut g);
+                        for a in 0..nq {
+                            for j in 0..m {
+                                let r = rows.get(j);
+                                let want = naive_dot(&qs[a * dim..(a + 1) * dim], &vecs[r * dim..(r + 1) * dim]);
+                                assert!((g[a * m + j] as f64 - want).abs() < tol, "{isa:?} gemm nq {nq} dim {dim} q{a} row {r}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn describe_names_isa_and_threads() {
+        let e = CpuEngine::new(2);
+        assert_eq!(e.describe(), format!("cpu-{}-x2", Isa::detect().name()));
+        assert_eq!(CpuEngine::with_isa(1, Isa::Scalar).describe(), "cpu-scalar-x1");
+    }
+
+    #[test]
+    fn recency_bound_prunes_but_keeps_exact_result() {
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dim = 8;
+        let mut st = Store::new(dim, Metric::InnerProduct, 5000, 0);
+        let vecs: Vec<f32> = (0..5000 * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let items: Vec<UpsertItem<'_>> = (0..5000)
+            .map(|i| UpsertItem {
+                id: i as u64,
+                namespace: 0,
+                vector: &vecs[i * dim..(i + 1) * dim],
+                payload: None,
+                created_ms: rng.random_range(0..1_000_000),
+                expires_ms: NEVER,
+            })
+            .collect();
+        st.apply_upsert(&items);
+        let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let f = Filter::all();
+        let req = SearchRequest { queries: &q, nq: 1, k: 10, filter: &f, recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }), now_ms: 1_000_000 };
+        let mut out = Vec::new();
+        CpuEngine::new(1).search(&st, &req, &mut out).unwrap();
+        let want = reference_search(&st, &req);
+        let got: Vec<u64> = out[0].iter().map(|h| h.id).collect();
+        let exp: Vec<u64> = want[0].iter().map(|h| h.1).collect();
+        assert_eq!(got, exp);
     }
 }

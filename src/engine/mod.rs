@@ -129,6 +129,14 @@ impl TopK {
         v.sort_unstable_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
         v
     }
+    /// Best first into `out` (cleared first), converted for `metric`; empties the selection.
+    /// Unlike [`TopK::into_hits`] it allocates nothing once `out` has grown.
+    pub fn drain_hits_into(&mut self, metric: Metric, out: &mut Vec<Hit>) {
+        self.heap.sort_unstable_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        out.clear();
+        out.extend(self.heap.iter().map(|&(key, id)| Hit { id, score: key_to_score(metric, key) }));
+        self.heap.clear();
+    }
     /// Best first, converted to caller-facing hits for `metric`.
     pub fn into_hits(&self, metric: Metric) -> Vec<Hit> {
         self.sorted().into_iter().map(|(key, id)| Hit { id, score: key_to_score(metric, key) }).collect()

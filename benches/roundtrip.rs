@@ -1,0 +1,452 @@
+//! Kalos CPU benchmark (issue 2, item 10). Run with `benches/run.sh` (or
+//! `cargo bench --bench roundtrip -- [--quick] [--only TAG]`), not as a test.
+//!
+//! What it measures, all in one run on the same data:
+//! 1. The machine's read-bandwidth floor: a sum over a 1 GiB buffer (≫ LLC), with 1 thread and
+//!    with the engine's thread count, best of 5 passes.
+//! 2. In-process CPU engine scan time per single query (k=10, ip) with 1 and N threads, next to
+//!    the floor `table bytes / bandwidth`; and the batched kernel's per-query time.
+//! 3. Round trip from a separate client process (this binary re-executed in client mode):
+//!    p50/p99/p99.9 over many requests, with spinning (client and server spin windows of 1 s) and
+//!    futex-only waiting (both 0), for an empty table, 10k×128, 100k×384 and 1M×128 f32, k=10.
+//! 4. Idle CPU of `kalosd` after its spin window: utime+stime from /proc/<pid>/stat and the
+//!    on-CPU nanoseconds from /proc/<pid>/task/*/schedstat over 3 s.
+//! 5. Peers on the same .npy files, queries and k: numpy and faiss-cpu (benches/peers.py).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kalos::engine::cpu::CpuEngine;
+use kalos::engine::Engine;
+use kalos::store::{Store, UpsertItem, NEVER};
+use kalos::types::{Filter, SearchRequest};
+use kalos::{Backend, Kalos, Metric, Options, RecallOptions, Role, UpsertOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const K: usize = 10;
+const NQ: usize = 64;
+const SPIN_NS: u64 = 1_000_000_000;
+
+struct Config {
+    tag: &'static str,
+    rows: usize,
+    dim: usize,
+    /// Round trips per waiting mode.
+    requests: usize,
+    /// In-process scans per measurement.
+    scans: usize,
+}
+
+fn configs(quick: bool) -> Vec<Config> {
+    let q = |n: usize| if quick { (n / 10).max(20) } else { n };
+    vec![
+        Config { tag: "empty", rows: 0, dim: 128, requests: q(20_000), scans: 0 },
+        Config { tag: "10k_128", rows: 10_000, dim: 128, requests: q(10_000), scans: q(2000) },
+        Config { tag: "100k_384", rows: 100_000, dim: 384, requests: q(1000), scans: q(100) },
+        Config { tag: "1M_128", rows: 1_000_000, dim: 128, requests: q(300), scans: q(30) },
+    ]
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v
+}
+
+// ------------------------------------------------------------------------------------------
+// Read-bandwidth floor
+// ------------------------------------------------------------------------------------------
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(x: &[f32]) -> f32 {
+    sum_plain(x)
+}
+
+#[inline(always)]
+fn sum_plain(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 32];
+    let c = x.chunks_exact(32);
+    for ch in c {
+        for i in 0..32 {
+            acc[i] += ch[i];
+        }
+    }
+    acc.iter().sum()
+}
+
+fn sum(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        return unsafe { sum_avx2(x) };
+    }
+    sum_plain(x)
+}
+
+/// Best-of-5 read bandwidth (bytes/s) of `threads` threads summing disjoint parts of `buf`.
+fn read_bandwidth(buf: &[f32], threads: usize) -> f64 {
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let per = buf.len() / threads;
+        let t0 = Instant::now();
+        let total: f32 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads).map(|i| s.spawn(move || sum(&buf[i * per..(i + 1) * per]))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let dt = t0.elapsed().as_secs_f64();
+        std::hint::black_box(total);
+        best = best.max((per * threads * 4) as f64 / dt);
+    }
+    best
+}
+
+// ------------------------------------------------------------------------------------------
+// Client mode (separate process)
+// ------------------------------------------------------------------------------------------
+
+fn client_main(args: &[String]) {
+    let name = &args[0];
+    let n: usize = args[1].parse().unwrap();
+    let spin: u64 = args[2].parse().unwrap();
+    let dim: usize = args[3].parse().unwrap();
+    let mut o = Options::default();
+    o.role = Role::Client;
+    o.client_spin_ns = spin;
+    o.timeout_ms = 120_000;
+    let c = Kalos::open(name, &o).expect("client open");
+    let mut r = StdRng::seed_from_u64(7);
+    let qs: Vec<f32> = (0..NQ * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let ro = RecallOptions::default();
+    let (mut ids, mut scores) = (vec![0u64; K], vec![0f32; K]);
+    let warm = (n / 10).clamp(10, 2000);
+    for i in 0..warm {
+        c.recall_into(&qs[(i % NQ) * dim..(i % NQ + 1) * dim], K, &ro, &mut ids, &mut scores).unwrap();
+    }
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let q = &qs[(i % NQ) * dim..(i % NQ + 1) * dim];
+        let t0 = Instant::now();
+        c.recall_into(q, K, &ro, &mut ids, &mut scores).unwrap();
+        lat.push(t0.elapsed().as_nanos() as f64);
+    }
+    let l = sorted(lat);
+    let mean = l.iter().sum::<f64>() / l.len() as f64;
+    println!("RESULT {} {} {} {} {}", l.len(), pct(&l, 0.5), pct(&l, 0.99), pct(&l, 0.999), mean);
+}
+
+/// Round trip through a server in this process and a client in a child process.
+fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, spin: bool) -> Option<[f64; 4]> {
+    let name = format!("bench-{}-{}-{}", std::process::id(), cfg.tag, if spin { "spin" } else { "futex" });
+    let mut o = Options::default();
+    o.role = Role::Server;
+    o.dim = cfg.dim as u32;
+    o.metric = Metric::InnerProduct;
+    o.backend = Backend::Cpu;
+    o.capacity = cfg.rows.max(1) as u64;
+    o.server_spin_ns = if spin { SPIN_NS } else { 0 };
+    o.threads = threads as u32;
+    o.timeout_ms = 120_000;
+    let s = Kalos::open(&name, &o).expect("server open");
+    let chunk = 4096;
+    for (ci, rows) in vecs.chunks(chunk * cfg.dim).enumerate() {
+        let ids: Vec<u64> = (0..rows.len() / cfg.dim).map(|i| (ci * chunk + i) as u64).collect();
+        s.upsert(&ids, rows, &UpsertOptions::default()).expect("upsert");
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["client", &name, &cfg.requests.to_string(), &(if spin { SPIN_NS } else { 0 }).to_string(), &cfg.dim.to_string()])
+        .output()
+        .expect("spawn client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    s.close();
+    let line = text.lines().find(|l| l.starts_with("RESULT"));
+    match line {
+        Some(l) => {
+            let f: Vec<f64> = l.split_whitespace().skip(2).map(|x| x.parse().unwrap()).collect();
+            Some([f[0], f[1], f[2], f[3]])
+        }
+        None => {
+            eprintln!("client failed: {}\n{}", text, String::from_utf8_lossy(&out.stderr));
+            None
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// In-process scan
+// ------------------------------------------------------------------------------------------
+
+fn build_store(vecs: &[f32], dim: usize) -> Store {
+    let n = vecs.len() / dim;
+    let mut st = Store::new(dim, Metric::InnerProduct, n, 0);
+    for c0 in (0..n).step_by(4096) {
+        let items: Vec<UpsertItem<'_>> = (c0..(c0 + 4096).min(n))
+            .map(|i| UpsertItem { id: i as u64, namespace: 0, vector: &vecs[i * dim..(i + 1) * dim], payload: None, created_ms: 0, expires_ms: NEVER })
+            .collect();
+        st.apply_upsert(&items);
+    }
+    st
+}
+
+/// Per-query scan times in ns (sorted) for `nq`-query calls.
+fn scan_times(e: &mut CpuEngine, st: &Store, qs: &[f32], nq: usize, iters: usize) -> Vec<f64> {
+    let dim = st.dim();
+    let f = Filter::all();
+    let mut out = Vec::new();
+    let mut lat = Vec::with_capacity(iters);
+    for i in 0..iters + 3 {
+        let q0 = (i * nq) % (NQ - nq + 1);
+        let req = SearchRequest { queries: &qs[q0 * dim..(q0 + nq) * dim], nq, k: K, filter: &f, recency: None, now_ms: 0 };
+        let t0 = Instant::now();
+        e.search(st, &req, &mut out).unwrap();
+        if i >= 3 {
+            lat.push(t0.elapsed().as_nanos() as f64 / nq as f64);
+        }
+    }
+    sorted(lat)
+}
+
+// ------------------------------------------------------------------------------------------
+// Idle CPU of kalosd
+// ------------------------------------------------------------------------------------------
+
+fn proc_cpu(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the ")" of the command name: state is field 3; utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    let mut ns = 0u64;
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in rd.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                ns += s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    (ticks, ns)
+}
+
+fn idle_cpu(kalosd: &Path) -> Option<String> {
+    let name = format!("bench-idle-{}", std::process::id());
+    let mut child = Command::new(kalosd)
+        .args(["serve", "--name", &name, "--dim", "8", "--metric", "ip", "--backend", "cpu", "--server-spin-us", "2000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut o = Options::default();
+    o.role = Role::Client;
+    o.timeout_ms = 10_000;
+    let t0 = Instant::now();
+    let c = loop {
+        match Kalos::open(&name, &o) {
+            Ok(c) => break c,
+            Err(_) if t0.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                let _ = child.kill();
+                return Some(format!("could not attach to kalosd: {e}"));
+            }
+        }
+    };
+    c.upsert(&[1], &[1.0; 8], &UpsertOptions::default()).ok()?;
+    for _ in 0..100 {
+        c.recall(&[1.0; 8], 1, &RecallOptions::default()).ok()?;
+    }
+    // Spin window is 2 ms; give it 0.5 s to park, then watch for 3 s.
+    std::thread::sleep(Duration::from_millis(500));
+    let (t_a, ns_a) = proc_cpu(child.id());
+    let w0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let (t_b, ns_b) = proc_cpu(child.id());
+    let wall = w0.elapsed().as_secs_f64();
+    drop(c);
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let _ = child.wait();
+    let ms = (ns_b - ns_a) as f64 / 1e6;
+    Some(format!(
+        "idle kalosd over {wall:.2} s after its 2 ms spin window: utime+stime {} ticks ({} ms at 100 Hz), on-CPU {ms:.3} ms from schedstat ({:.4}% of one core)",
+        t_b - t_a,
+        (t_b - t_a) * 10,
+        100.0 * ms / 1e3 / wall
+    ))
+}
+
+// ------------------------------------------------------------------------------------------
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd).args(args).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if args.first().map(|s| s.as_str()) == Some("client") {
+        return client_main(&args[1..]);
+    }
+    if args.first().map(|s| s.as_str()) == Some("probe") {
+        return probe(&args[1..]);
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<String> = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1).cloned());
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::var("KALOS_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target/bench-data"));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    println!("# Kalos CPU benchmark");
+    println!("date      {}", sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]));
+    println!("commit    {}", sh("git", &["-C", root.to_str().unwrap(), "rev-parse", "--short", "HEAD"]));
+    println!("machine   {model}, {threads} cores, engine {}", CpuEngine::new(threads).describe());
+    println!("k = {K}, metric ip, f32, queries uniform[-1,1], {} mode", if quick { "quick" } else { "full" });
+    println!();
+
+    // 1. Bandwidth floor.
+    let buf: Vec<f32> = vec![1.0; 256 << 20]; // 1 GiB, touched by the fill
+    let bw1 = read_bandwidth(&buf, 1);
+    let bwn = read_bandwidth(&buf, threads);
+    drop(buf);
+    println!("read bandwidth (1 GiB sum, best of 5): 1 thread {:.1} GB/s, {threads} threads {:.1} GB/s", bw1 / 1e9, bwn / 1e9);
+    println!();
+
+    let mut table: Vec<String> = Vec::new();
+    let mut scan_rows: Vec<String> = Vec::new();
+    let mut r = StdRng::seed_from_u64(42);
+    let mut tags = Vec::new();
+    for cfg in configs(quick) {
+        if only.as_deref().is_some_and(|o| o != cfg.tag) {
+            continue;
+        }
+        let vecs: Vec<f32> = (0..cfg.rows * cfg.dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let mut qr = StdRng::seed_from_u64(7); // the client uses the same queries
+        let qs: Vec<f32> = (0..NQ * cfg.dim).map(|_| qr.random_range(-1.0f32..1.0)).collect();
+        if cfg.rows > 0 {
+            kalos::npy::write_f32(&dir.join(format!("{}_x.npy", cfg.tag)), &[cfg.rows, cfg.dim], &vecs).unwrap();
+            kalos::npy::write_f32(&dir.join(format!("{}_q.npy", cfg.tag)), &[NQ, cfg.dim], &qs).unwrap();
+            tags.push(format!("{}:{}", cfg.tag, cfg.scans.max(20)));
+
+            // 2. In-process scan.
+            let st = build_store(&vecs, cfg.dim);
+            let bytes = (cfg.rows * cfg.dim * 4) as f64;
+            let mut e1 = CpuEngine::new(1);
+            let mut en = CpuEngine::new(threads);
+            let s1 = scan_times(&mut e1, &st, &qs, 1, cfg.scans);
+            let sn = scan_times(&mut en, &st, &qs, 1, cfg.scans);
+            let b16 = scan_times(&mut en, &st, &qs, 16, (cfg.scans / 8).max(5));
+            let floor1 = bytes / bw1 * 1e9;
+            let floorn = bytes / bwn * 1e9;
+            // Top-10 ids of query 0 for the peers to compare.
+            let f = Filter::all();
+            let mut out = Vec::new();
+            en.search(&st, &SearchRequest { queries: &qs[..cfg.dim], nq: 1, k: K, filter: &f, recency: None, now_ms: 0 }, &mut out).unwrap();
+            let ids: Vec<u64> = out[0].iter().map(|h| h.id).collect();
+            kalos::npy::write_u64(&dir.join(format!("{}_ids.npy", cfg.tag)), &ids).unwrap();
+            drop(st);
+            scan_rows.push(format!(
+                "| {} | {:.1} MB | {:.1} / {:.1} | {:.2}× | {:.1} / {:.1} | {:.2}× | {:.1} |",
+                cfg.tag,
+                bytes / 1e6,
+                pct(&s1, 0.5) / 1e3,
+                floor1 / 1e3,
+                pct(&s1, 0.5) / floor1,
+                pct(&sn, 0.5) / 1e3,
+                floorn / 1e3,
+                pct(&sn, 0.5) / floorn,
+                pct(&b16, 0.5) / 1e3,
+            ));
+            println!("scan {}: x1 p50 {:.1} µs (floor {:.1}), x{threads} p50 {:.1} µs (floor {:.1}), batch16 {:.1} µs/query", cfg.tag, pct(&s1, 0.5) / 1e3, floor1 / 1e3, pct(&sn, 0.5) / 1e3, floorn / 1e3, pct(&b16, 0.5) / 1e3);
+        }
+        // 3. Round trips.
+        for spin in [true, false] {
+            if let Some([p50, p99, p999, mean]) = roundtrip(&cfg, &vecs, threads, spin) {
+                let row = format!(
+                    "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                    cfg.tag,
+                    if spin { "spin" } else { "futex" },
+                    cfg.requests,
+                    p50 / 1e3,
+                    p99 / 1e3,
+                    p999 / 1e3,
+                    mean / 1e3
+                );
+                println!("{row}");
+                table.push(row);
+            }
+        }
+        let _ = std::io::stdout().flush();
+    }
+
+    // 4. Idle CPU.
+    let kalosd = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kalosd");
+    let idle = if kalosd.exists() { idle_cpu(&kalosd).unwrap_or_else(|| "idle check failed".into()) } else { format!("{} not built; run `cargo build --release --bin kalosd`", kalosd.display()) };
+
+    // 5. Peers.
+    let peers = Command::new("python3")
+        .arg(root.join("benches/peers.py"))
+        .arg(&dir)
+        .args(&tags)
+        .output()
+        .map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+        .unwrap_or_else(|e| format!("python3 not available: {e}"));
+
+    println!();
+    println!("## Round trip from a separate process (µs), k={K}");
+    println!("| table | waiting | requests | p50 | p99 | p99.9 | mean |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &table {
+        println!("{r}");
+    }
+    println!();
+    println!("## In-process CPU scan, single query, p50 (µs) vs read-bandwidth floor");
+    println!("| table | bytes | x1 scan / floor | x1 ratio | x{threads} scan / floor | x{threads} ratio | batch of 16, per query |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &scan_rows {
+        println!("{r}");
+    }
+    println!();
+    println!("## Peers (same data, queries, k; single query p50 / p99 in µs)");
+    print!("{peers}");
+    println!();
+    println!("## Idle server");
+    println!("{idle}");
+}
+
+/// `probe ROWS DIM`: alternates a plain sum over the table and single-thread scans (min of 10
+/// each), the quickest A/B under a noisy machine.
+fn probe(args: &[String]) {
+    let rows: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let dim: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(384);
+    let mut r = StdRng::seed_from_u64(42);
+    let vecs: Vec<f32> = (0..rows * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let qs: Vec<f32> = (0..NQ * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let st = build_store(&vecs, dim);
+    drop(vecs);
+    let mut e = CpuEngine::new(1);
+    let (mut bs, mut bt) = (f64::MAX, f64::MAX);
+    for _ in 0..10 {
+        let t0 = Instant::now();
+        std::hint::black_box(sum(st.vectors()));
+        bs = bs.min(t0.elapsed().as_secs_f64() * 1e6);
+        bt = bt.min(scan_times(&mut e, &st, &qs, 1, 1)[0] / 1e3);
+    }
+    println!("probe {rows}x{dim}: sum {bs:.0} us, scan {bt:.0} us, ratio {:.2}", bt / bs);
+    for nq in [4usize, 16, 64] {
+        let b = scan_times(&mut e, &st, &qs, nq, 5)[0] / 1e3;
+        println!("  batch {nq} x1: {b:.1} us/query, {:.2} GFLOP/s", 2.0 * (rows * dim) as f64 / b / 1e3);
+    }
+}
