@@ -40,7 +40,7 @@
 #define KALOS_MAX_FILTER_NAMESPACES 64
 
 // Marks "no payload" in a payload length array.
-#define KALOS_NO_PAYLOAD 4294967295
+#define KALOS_NO_PAYLOAD UINT32_MAX
 
 // Role: attach to a live server, else become it.
 #define KALOS_ROLE_AUTO 0
@@ -86,126 +86,6 @@
 
 // WAL sync: never fsync (the OS decides).
 #define KALOS_SYNC_NEVER 2
-
-#define OP_RECALL 1
-
-#define OP_UPSERT 2
-
-#define OP_DELETE 3
-
-#define OP_DELETE_NS 4
-
-#define OP_GET 5
-
-#define OP_STATS 6
-
-#define OP_CLEAR 7
-
-#define FLAG_PAYLOADS 1
-
-#define NONE_U32 UINT32_MAX
-
-#define LAYOUT_VERSION 1
-
-#define HEADER_BYTES 4096
-
-#define SLOT_HEADER_BYTES 64
-
-// Server states stored in `Header::server_state`.
-#define SERVER_STARTING 0
-
-#define SERVER_RUNNING 1
-
-#define SERVER_STOPPED 2
-
-#define SERVER_DEAD 3
-
-// Slot states (low 8 bits of `SlotHeader::state`).
-//
-// The state word is `pid << 32 | (generation & 0xFF_FFFF) << 8 | state`: the claimer's pid is
-// recorded by the same CAS that claims the slot, so a slot can always be traced to a process,
-// and the generation makes every claim distinct, so a late client can never complete or read
-// someone else's request. Futex waiters wait on the low 32 bits (generation + state).
-#define SLOT_FREE 0
-
-#define SLOT_CLAIMED 1
-
-#define SLOT_SUBMITTED 2
-
-#define SLOT_PROCESSING 3
-
-#define SLOT_DONE 4
-
-#define SLOT_ABANDONED 5
-
-#define GEN_MASK 16777215
-
-// Expiry value meaning "never expires".
-#define NEVER UINT64_MAX
-
-// Largest `k` a recall may ask for.
-#define MAX_K 1024
-
-// Largest number of namespaces in one recall filter.
-#define MAX_FILTER_NAMESPACES 64
-
-// Largest supported vector dimension.
-#define MAX_DIM 65536
-
-// Result status of every exported function. `KALOS_OK` (0) is success; every other value is
-// an error whose details are in `kalos_last_error()` on the calling thread.
-typedef enum Status {
-  // Success.
-  OK = 0,
-  // An argument is invalid (the message says which and why).
-  INVALID_ARGUMENT = 1,
-  // A required pointer argument was NULL.
-  NULL_POINTER = 2,
-  // A vector or query does not have the store's dimension.
-  DIMENSION_MISMATCH = 3,
-  // `k` is 0 or above `KALOS_MAX_K` (1024).
-  K_OUT_OF_RANGE = 4,
-  // A query or vector holds NaN or Inf.
-  NON_FINITE = 5,
-  // The store name is not valid (1 to 200 characters of `[A-Za-z0-9._-]`).
-  INVALID_NAME = 6,
-  // The store is at its capacity; nothing was written.
-  STORE_FULL = 7,
-  // The segment was made by a different layout version of Kalos.
-  VERSION_MISMATCH = 8,
-  // An id (or the store, for role client) does not exist; the message names it.
-  NOT_FOUND = 9,
-  // A live server already owns this name (role server).
-  ALREADY_EXISTS = 10,
-  // The deadline passed before the request completed. The request may or may not have run.
-  TIMEOUT = 11,
-  // The server process is gone, stopped or unresponsive. Reopen to reach a new one.
-  SERVER_GONE = 12,
-  // A caller buffer is too small; the needed size is reported where the function says.
-  BUFFER_TOO_SMALL = 13,
-  // A payload is larger than the store's `max_payload_bytes`.
-  PAYLOAD_TOO_LARGE = 14,
-  // A data file or the segment is corrupt (the message names the file and offset).
-  CORRUPT = 15,
-  // An operating-system call failed (the message carries errno's text).
-  IO = 16,
-  // The data directory is locked by another live server.
-  LOCKED = 17,
-  // The requested engine is not available on this machine (e.g. CUDA without a GPU).
-  BACKEND_UNAVAILABLE = 18,
-  // The GPU engine failed (launch failure, out of memory); the message says what.
-  CUDA = 19,
-  // The segment belongs to another user or its permissions forbid access.
-  PERMISSION_DENIED = 20,
-  // The request does not fit in a shared-memory slot; raise `slot_bytes`.
-  TOO_LARGE = 21,
-  // The handle was closed.
-  CLOSED = 22,
-  // A Rust panic was caught at the API boundary; the handle may still be used.
-  PANIC = 23,
-  // An internal invariant failed; please report it.
-  INTERNAL = 24,
-} Status;
 
 // An open store. Opaque; created by `kalos_open`, freed by `kalos_close`.
 typedef struct kalos_handle kalos_handle;
@@ -332,8 +212,6 @@ typedef struct kalos_stats_info {
   // NUL-terminated engine description, e.g. "cpu-avx2-x2".
   char engine_name[48];
 } kalos_stats_info;
-
-#define Status_ALL { Status_Ok, Status_InvalidArgument, Status_NullPointer, Status_DimensionMismatch, Status_KOutOfRange, Status_NonFinite, Status_InvalidName, Status_StoreFull, Status_VersionMismatch, Status_NotFound, Status_AlreadyExists, Status_Timeout, Status_ServerGone, Status_BufferTooSmall, Status_PayloadTooLarge, Status_Corrupt, Status_Io, Status_Locked, Status_BackendUnavailable, Status_Cuda, Status_PermissionDenied, Status_TooLarge, Status_Closed, Status_Panic, Status_Internal, }
 
 // Success.
 #define KALOS_OK 0

@@ -15,18 +15,28 @@
 //! - [`persist`]: write-ahead log and snapshots.
 //! - [`ffi`]: the C ABI (the only `extern "C"` surface besides `jni`).
 
+/// cbindgen:ignore
 pub mod client;
+/// cbindgen:ignore
 pub mod engine;
+/// cbindgen:ignore
 pub mod error;
 pub mod ffi;
 /// cbindgen:ignore
 pub mod jni;
+/// cbindgen:ignore
 pub mod npy;
+/// cbindgen:ignore
 pub mod persist;
+/// cbindgen:ignore
 pub mod protocol;
+/// cbindgen:ignore
 pub mod server;
+/// cbindgen:ignore
 pub mod shm;
+/// cbindgen:ignore
 pub mod store;
+/// cbindgen:ignore
 pub mod types;
 
 pub use client::{Kalos, Namespaces, Options, PayloadHit, RecallOptions, UpsertOptions};

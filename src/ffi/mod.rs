@@ -81,7 +81,7 @@ pub const KALOS_MAX_K: u32 = 1024;
 /// Largest number of namespaces in one recall filter.
 pub const KALOS_MAX_FILTER_NAMESPACES: u32 = 64;
 /// Marks "no payload" in a payload length array.
-pub const KALOS_NO_PAYLOAD: u32 = 0xFFFF_FFFF;
+pub const KALOS_NO_PAYLOAD: u32 = u32::MAX;
 
 /// Role: attach to a live server, else become it.
 pub const KALOS_ROLE_AUTO: u32 = 0;
