@@ -2,8 +2,10 @@ package kalos
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -51,6 +53,12 @@ type Memory struct {
 func Open(name string, opts Options) (*Client, error) {
 	if opts.Dim < 0 || opts.Dim > math.MaxUint32 {
 		return nil, newError("open", StatusInvalidArgument, "dim out of range")
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return nil, newError("open", StatusInvalidName, fmt.Sprintf("store name %q holds a NUL byte", name))
+	}
+	if strings.IndexByte(opts.DataDir, 0) >= 0 {
+		return nil, newError("open", StatusInvalidArgument, "data_dir holds a NUL byte")
 	}
 	h, st, msg := cOpen(name, &opts)
 	if st != StatusOK {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Status is a kalos_status code of the C API (StatusOK = 0; every other value is an error).
@@ -139,6 +140,10 @@ type Error struct {
 func (e *Error) Error() string {
 	if e.Message == "" {
 		return fmt.Sprintf("kalos: %s: %s", e.Op, e.Status)
+	}
+	// The library's messages usually start with the status name already.
+	if strings.HasPrefix(e.Message, e.Status.String()+":") {
+		return fmt.Sprintf("kalos: %s: %s", e.Op, e.Message)
 	}
 	return fmt.Sprintf("kalos: %s: %s: %s", e.Op, e.Status, e.Message)
 }
