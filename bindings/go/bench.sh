@@ -18,6 +18,7 @@ DIM=${KALOS_BENCH_DIM:-128}
 K=${KALOS_BENCH_K:-10}
 ITERS=${KALOS_BENCH_ITERS:-20000}
 ROUNDS=${KALOS_BENCH_ROUNDS:-2}
+THREADS=${KALOS_BENCH_THREADS:-1}
 mode=${1:-all}
 
 if [[ $mode == all || $mode == --build ]]; then
@@ -34,7 +35,7 @@ fi
 
 name=gobench-$$
 log=$(mktemp)
-"$OUT/kalosd" serve --name "$name" --dim "$DIM" --backend cpu >"$log" 2>&1 &
+"$OUT/kalosd" serve --name "$name" --dim "$DIM" --backend cpu --threads "$THREADS" >"$log" 2>&1 &
 kpid=$!
 trap 'kill -TERM $kpid 2>/dev/null || true; wait $kpid 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 600); do grep -q serving "$log" && break; sleep 0.05; done
@@ -43,7 +44,7 @@ grep -q serving "$log" || { cat "$log"; echo "kalosd did not start" >&2; exit 1;
 echo "date:    $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "commit:  $(cat "$OUT/COMMIT" 2>/dev/null || echo unknown)"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores, $(uname -r)"
-echo "store:   n=$N dim=$DIM k=$K metric=cosine engine=cpu (kalosd, another process)"
+echo "store:   n=$N dim=$DIM k=$K metric=cosine engine=cpu threads=$THREADS (kalosd, another process)"
 "$OUT/recall_bench" "$name" --fill "$N" --iters 0 --warmup 0
 for r in $(seq 1 "$ROUNDS"); do
   echo "--- round $r"
