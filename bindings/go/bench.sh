@@ -46,10 +46,14 @@ echo "commit:  $(cat "$OUT/COMMIT" 2>/dev/null || echo unknown)"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores, $(uname -r)"
 echo "store:   n=$N dim=$DIM k=$K metric=cosine engine=cpu threads=$THREADS (kalosd, another process)"
 "$OUT/recall_bench" "$name" --fill "$N" --iters 0 --warmup 0
-for r in $(seq 1 "$ROUNDS"); do
-  echo "--- round $r"
-  "$OUT/recall_bench" "$name" --k "$K" --iters "$ITERS" --warmup 2000
+run_c() { "$OUT/recall_bench" "$name" --k "$K" --iters "$ITERS" --warmup 2000; }
+run_go() {
   KALOS_BENCH_STORE=$name KALOS_BENCH_K=$K LD_LIBRARY_PATH="$OUT" "$OUT/kalos.test" \
     -test.run '^$' -test.bench 'BenchmarkRecall|BenchmarkCgoCall' -test.benchtime "${ITERS}x" |
     grep -E '^Benchmark'
+}
+# Alternate the order so neither side always runs first.
+for r in $(seq 1 "$ROUNDS"); do
+  echo "--- round $r"
+  if (( r % 2 )); then run_c; run_go; else run_go; run_c; fi
 done

@@ -26,6 +26,9 @@ go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 600s ./...
 
+echo "== go test with GOEXPERIMENT=cgocheck2 (full cgo pointer checks)"
+GOEXPERIMENT=cgocheck2 go test -count=1 -timeout 600s ./...
+
 echo "== pkg-config build (-tags kalos_pkgconfig)"
 PC=$ROOT/target/release/pkgconfig
 mkdir -p "$PC"
