@@ -182,7 +182,6 @@ import (
 	"unsafe"
 )
 
-
 // Limits and markers of the C API.
 const (
 	// MaxK is the largest k a recall accepts.

@@ -262,22 +262,16 @@ func (c *Client) RecallBatchInto(ctx context.Context, queries []float32, k int, 
 // The payload buffer is sized from the previous calls; when it is too small the library
 // reports the size needed and the recall is repeated once with a buffer that fits.
 func (c *Client) RecallWithPayloads(ctx context.Context, query []float32, k int, opts ...RecallOption) ([]Hit, error) {
-	if k < 1 || k > MaxK {
-		if err := checkK("recall_payloads", k); err != nil {
-			return nil, err
-		}
+	if k < 0 || k > MaxK {
+		return nil, newError("recall_payloads", StatusKOutOfRange, "k must be in 1..1024")
 	}
 	var a recallArgs
 	if len(opts) > 0 {
 		a = applyRecall(opts)
 	}
-	kk := k
-	if kk < 0 {
-		kk = 0
-	}
-	ids := make([]uint64, kk)
-	scores := make([]float32, kk)
-	lens := make([]uint32, kk)
+	ids := make([]uint64, k)
+	scores := make([]float32, k)
+	lens := make([]uint32, k)
 	buf := make([]byte, c.payloadHint.Load())
 	for attempt := 0; ; attempt++ {
 		tmo, hasDL, err := deadline(ctx)
@@ -312,7 +306,12 @@ func (c *Client) RecallWithPayloads(ctx context.Context, query []float32, k int,
 	}
 }
 
+// maxPayloadHint caps the remembered payload buffer size: one huge response must not make
+// every later call allocate that much (a response is bounded by the slot size anyway).
+const maxPayloadHint = 1 << 20
+
 func (c *Client) raiseHint(n int) {
+	n = min(n, maxPayloadHint)
 	for {
 		old := c.payloadHint.Load()
 		if int64(n) <= old || c.payloadHint.CompareAndSwap(old, int64(n)) {
