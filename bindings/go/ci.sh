@@ -17,7 +17,7 @@ fi
 # Run time: the loader finds libkalos.so through LD_LIBRARY_PATH here (a service would
 # rather bake an rpath, see README.md).
 export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export KALOSD=$LIB/kalosd KALOS_REQUIRE_KALOSD=1
+export KALOSD=$LIB/kalosd KALOS_REQUIRE_KALOSD=1 KALOS_LIB_DIR=$LIB
 export CGO_ENABLED=1
 
 cd "$HERE"

@@ -192,3 +192,18 @@ func TestForeignSegments(t *testing.T) {
 	_, err = Open(n3, Options{Role: RoleClient})
 	wantErr(t, "inconsistent header", err, ErrCorrupt)
 }
+
+// A segment owned by another user is refused (needs root to chown the test segment).
+func TestPermissionDenied(t *testing.T) {
+	name := storeName(t)
+	p := filepath.Join("/dev/shm", "kalos."+name)
+	if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {
+		t.Skip(err)
+	}
+	defer os.Remove(p)
+	if err := os.Chown(p, 65534, 65534); err != nil {
+		t.Skipf("cannot chown (not root): %v", err)
+	}
+	_, err := Open(name, Options{Role: RoleClient})
+	wantErr(t, "segment of another uid", err, ErrPermissionDenied)
+}

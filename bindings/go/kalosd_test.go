@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -227,4 +229,117 @@ func TestTimeouts(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Cross-language, the other direction of writes: a C program writes memories through the C
+// API (kalos_upsert with per-item namespaces and packed payloads) into a kalosd; Go reads
+// them back bit for bit and checks recalls against a brute-force reference.
+func TestCrossLanguageCWriter(t *testing.T) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not found")
+	}
+	libDir := os.Getenv("KALOS_LIB_DIR")
+	if libDir == "" {
+		libDir, _ = filepath.Abs("../../target/release")
+	}
+	inc, _ := filepath.Abs("../../include")
+	bin := filepath.Join(t.TempDir(), "c_writer")
+	out, err := exec.Command(gcc, "-O1", "-Wall", "-I", inc, "testdata/c_writer.c", "-L", libDir, "-lkalos",
+		"-Wl,-rpath,"+libDir, "-o", bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	const n, dim = 500, 24
+	name := storeName(t)
+	startKalosd(t, name, "--dim", fmt.Sprint(dim), "--metric", "ip", "--backend", "cpu")
+	if out, err := exec.Command(bin, name, fmt.Sprint(n)).CombinedOutput(); err != nil {
+		t.Fatalf("c_writer: %v\n%s", err, out)
+	}
+	c, err := Open(name, Options{Role: RoleClient})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	vecs := make([]float32, n*dim)
+	ids := make([]uint64, n)
+	nss := make([]uint64, n)
+	for i := 0; i < n; i++ {
+		ids[i] = uint64(1000 + i)
+		nss[i] = uint64(10 + i%3)
+		for j := 0; j < dim; j++ {
+			x := float32((i*31+j*17)%97)/97 - 0.5
+			if j == i%dim {
+				x += 1
+			}
+			vecs[i*dim+j] = x
+		}
+	}
+	mems, err := c.Get(bg(), ids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range mems {
+		if m.Namespace != nss[i] {
+			t.Fatalf("id %d: namespace %d want %d", m.ID, m.Namespace, nss[i])
+		}
+		if i%5 == 4 {
+			if m.Payload != nil {
+				t.Fatalf("id %d: payload %q, want none", m.ID, m.Payload)
+			}
+		} else if string(m.Payload) != fmt.Sprintf("memory-%d", i) {
+			t.Fatalf("id %d: payload %q", m.ID, m.Payload)
+		}
+		for j := range m.Vector {
+			if m.Vector[j] != vecs[i*dim+j] {
+				t.Fatalf("id %d: vector[%d] = %v want %v", m.ID, j, m.Vector[j], vecs[i*dim+j])
+			}
+		}
+	}
+	r := rand.New(rand.NewSource(9))
+	for qi := 0; qi < 20; qi++ {
+		q := randVecs(r, 1, dim)
+		ns := uint64(10 + qi%3)
+		got, err := c.RecallWithPayloads(bg(), q, 8, WithNamespaces(ns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := bruteForce(MetricIP, vecs, ids, dim, q, 8, func(i int) bool { return nss[i] == ns })
+		checkHits(t, got, want, 1e-4)
+		for _, h := range got {
+			i := int(h.ID - 1000)
+			if (i%5 == 4) != (h.Payload == nil) {
+				t.Fatalf("hit %d: payload %q", h.ID, h.Payload)
+			}
+		}
+	}
+}
+
+// RoleAuto with no live server: this process becomes the server, and a client in the same
+// process attaches to it.
+func TestRoleAutoBecomesServer(t *testing.T) {
+	name := storeName(t)
+	a, err := Open(name, Options{Dim: 4, Backend: BackendCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if st, err := a.Stats(bg()); err != nil || st.ServerPID != os.Getpid() {
+		t.Fatalf("stats %+v %v; want this process (%d) as the server", st, err, os.Getpid())
+	}
+	b, err := Open(name, Options{Role: RoleClient})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := a.Upsert(bg(), []uint64{5}, []float32{0, 1, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if hits, err := b.Recall(bg(), []float32{0, 1, 0, 0}, 1); err != nil || len(hits) != 1 || hits[0].ID != 5 {
+		t.Fatalf("%+v %v", hits, err)
+	}
+	// Closing the server handle stops the server: the client sees ErrServerGone.
+	a.Close()
+	_, err = b.Recall(bg(), []float32{0, 1, 0, 0}, 1)
+	wantErr(t, "recall after the server handle closed", err, ErrServerGone)
 }
