@@ -51,8 +51,14 @@ type Memory struct {
 // Client when done (defer c.Close()); a finalizer closes a forgotten Client as a fallback
 // only.
 func Open(name string, opts Options) (*Client, error) {
-	if opts.Dim < 0 || opts.Dim > math.MaxUint32 {
-		return nil, newError("open", StatusInvalidArgument, "dim out of range")
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Dim", opts.Dim}, {"Slots", opts.Slots}, {"SlotBytes", opts.SlotBytes},
+		{"MaxPayloadBytes", opts.MaxPayloadBytes}, {"Threads", opts.Threads}} {
+		if f.v < 0 || f.v > math.MaxUint32 {
+			return nil, newError("open", StatusInvalidArgument, fmt.Sprintf("Options.%s = %d is out of range", f.name, f.v))
+		}
 	}
 	if strings.IndexByte(name, 0) >= 0 {
 		return nil, newError("open", StatusInvalidName, fmt.Sprintf("store name %q holds a NUL byte", name))

@@ -137,6 +137,10 @@ func TestLibraryErrors(t *testing.T) {
 	t.Run("invalid options", func(t *testing.T) {
 		_, err := Open(storeName(t), Options{Role: RoleServer})
 		wantErr(t, "server without dim", err, ErrInvalidArgument)
+		_, err = Open(storeName(t), Options{Role: RoleServer, Dim: 4, Slots: -1})
+		wantErr(t, "negative slots", err, ErrInvalidArgument)
+		_, err = Open(storeName(t), Options{Role: RoleServer, Dim: 4, SlotBytes: 100})
+		wantErr(t, "slot_bytes below 4096", err, ErrInvalidArgument)
 	})
 }
 
