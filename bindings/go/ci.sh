@@ -21,6 +21,9 @@ export KALOSD=$LIB/kalosd KALOS_REQUIRE_KALOSD=1 KALOS_LIB_DIR=$LIB
 export CGO_ENABLED=1
 
 cd "$HERE"
+echo "== gofmt"
+unformatted=$(gofmt -l "$HERE" "$ROOT/examples/go")
+[[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
 echo "== go vet"
 go vet ./...
 echo "== go test -race"
