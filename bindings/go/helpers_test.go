@@ -242,8 +242,10 @@ func (k *kalosd) kill() {
 	k.cmd.Process.Signal(syscall.SIGCONT)
 	k.cmd.Process.Kill()
 	<-k.done
-	// A killed server leaves its segment behind; remove it so names do not pile up.
+	// A killed server leaves its segment and lock file behind; remove them so names do not
+	// pile up.
 	os.Remove("/dev/shm/kalos." + k.name)
+	os.Remove("/dev/shm/kalos." + k.name + ".lock")
 }
 
 // stop ends the server with SIGTERM (a clean stop), or kills it after 10s.
