@@ -1,0 +1,246 @@
+package kalos
+
+import (
+	"context"
+	"time"
+)
+
+// Role says whether Open starts the server in this process or attaches to one.
+type Role uint32
+
+const (
+	// RoleAuto attaches to a live server, else becomes it (the default).
+	RoleAuto Role = 0
+	// RoleServer creates the store and runs the server thread in this process.
+	RoleServer Role = 1
+	// RoleClient attaches to an existing server (e.g. kalosd).
+	RoleClient Role = 2
+)
+
+// Metric is the similarity of a store. The zero value takes the library default (cosine).
+type Metric uint32
+
+const (
+	MetricDefault Metric = iota
+	MetricIP             // inner product, higher is better
+	MetricCosine         // cosine similarity, higher is better
+	MetricL2             // squared Euclidean distance, lower is better
+)
+
+func (m Metric) c() uint32 { return uint32(m) - 1 }
+
+func metricFromC(v uint32) Metric { return Metric(v + 1) }
+
+func (m Metric) String() string {
+	switch m {
+	case MetricIP:
+		return "ip"
+	case MetricCosine:
+		return "cosine"
+	case MetricL2:
+		return "l2"
+	}
+	return "default"
+}
+
+// DType is the storage type of the GPU copy of the table. The zero value takes the default (f32).
+type DType uint32
+
+const (
+	DTypeDefault DType = iota
+	DTypeF32
+	DTypeF16
+	DTypeBF16
+)
+
+func (d DType) c() uint32 { return uint32(d) - 1 }
+
+func dtypeFromC(v uint32) DType { return DType(v + 1) }
+
+// Backend is the engine of a store.
+type Backend uint32
+
+const (
+	BackendAuto Backend = 0 // pick by table size and device (KALOS_BACKEND may force one)
+	BackendCPU  Backend = 1 // exact SIMD CPU scan
+	BackendCUDA Backend = 2 // CUDA
+)
+
+// Sync is the write-ahead-log fsync policy. The zero value takes the default (always).
+type Sync uint32
+
+const (
+	SyncDefault  Sync = iota
+	SyncAlways        // fsync before every acknowledgement (group commit)
+	SyncInterval      // fsync every SyncInterval
+	SyncNever         // never fsync (the OS decides)
+)
+
+// Options configure Open. Every zero field takes the library's default, so
+// Options{Role: RoleClient} attaches to a running server with default deadlines.
+type Options struct {
+	Role Role
+	// Dim is the vector dimension: required to create a store; 0 or the server's value for
+	// a client.
+	Dim     int
+	Metric  Metric
+	DType   DType
+	Backend Backend
+	// Capacity is the maximum number of memories (default 1048576).
+	Capacity uint64
+	// Slots is the number of request slots in the segment (default 32).
+	Slots int
+	// SlotBytes bounds one request or response (default 1 MiB).
+	SlotBytes int
+	// Mode holds the permission bits of the segment (default 0600).
+	Mode uint32
+	// MaxPayloadBytes is the largest payload per memory (default 65536).
+	MaxPayloadBytes int
+	// ClientSpin is how long a caller busy-waits before sleeping (default 50µs; negative =
+	// sleep at once).
+	ClientSpin time.Duration
+	// ServerSpin is the server's busy-poll window after the last request (default 2ms;
+	// negative = park at once).
+	ServerSpin time.Duration
+	// Timeout is the deadline of every call without a context deadline (default 5s).
+	// Rounded up to whole milliseconds.
+	Timeout time.Duration
+	// HeartbeatTimeout: a server silent for longer is treated as gone (default 10s).
+	HeartbeatTimeout time.Duration
+	// DataDir holds the write-ahead log and snapshots; "" = memory only.
+	DataDir      string
+	Sync         Sync
+	SyncInterval time.Duration // for SyncInterval (default 100ms)
+	// Threads is the number of CPU engine threads (default 0 = all cores).
+	Threads int
+	// GPUMemoryBytes bounds the CUDA engine's memory (default 0 = 90% of free memory).
+	GPUMemoryBytes uint64
+}
+
+// Stats are a server's statistics.
+type Stats struct {
+	Engine     Backend // BackendCPU or BackendCUDA
+	EngineName string  // e.g. "cpu-avx2-x2"
+	Count      uint64
+	Capacity   uint64
+	Dim        int
+	Metric     Metric
+	DType      DType
+	Requests   uint64
+	Queries    uint64
+	Batches    uint64
+	Errors     uint64
+	// P50 and P99 are server-side service times over the last 4096 requests.
+	P50, P99        time.Duration
+	QueueDepth      uint64 // requests taken in the last batch
+	ServerPID       int
+	Epoch           uint64 // changes with every server incarnation
+	PayloadBytes    uint64
+	Uptime          time.Duration
+	EngineFallbacks uint64 // times the GPU engine failed and the server fell back to the CPU
+}
+
+// RecallOption changes one recall.
+type RecallOption func(*recallArgs)
+
+// WithNamespaces restricts a recall to memories of these namespaces (at most
+// MaxFilterNamespaces). The filter is applied inside the scan, so the result is exact.
+// The slice is only read during the call.
+func WithNamespaces(ns ...uint64) RecallOption {
+	return func(a *recallArgs) { a.namespaces = ns }
+}
+
+// WithRecency blends recency into the score (ip and cosine only):
+// score' = (1-w)*score + w*2^(-age/halfLife), with w in [0, 1].
+func WithRecency(weight float32, halfLife time.Duration) RecallOption {
+	return func(a *recallArgs) {
+		a.weight = weight
+		a.halfLifeMS = float64(halfLife) / float64(time.Millisecond)
+	}
+}
+
+// UpsertOption changes one upsert.
+type UpsertOption func(*upsertArgs)
+
+// InNamespace puts every upserted memory in namespace ns (default 0).
+func InNamespace(ns uint64) UpsertOption {
+	return func(a *upsertArgs) { a.namespace = ns }
+}
+
+// WithItemNamespaces gives each upserted memory its own namespace (one per id).
+func WithItemNamespaces(ns []uint64) UpsertOption {
+	return func(a *upsertArgs) { a.namespaces = ns }
+}
+
+// WithPayloads attaches one payload per id (nil = no payload). The payloads are packed
+// into one buffer for the call; WithPackedPayloads avoids that copy.
+func WithPayloads(p [][]byte) UpsertOption {
+	return func(a *upsertArgs) {
+		total := 0
+		for _, b := range p {
+			total += len(b)
+		}
+		buf := make([]byte, 0, total)
+		lens := make([]uint32, len(p))
+		for i, b := range p {
+			if b == nil {
+				lens[i] = noPayload
+				continue
+			}
+			buf = append(buf, b...)
+			lens[i] = uint32(len(b))
+		}
+		a.payloads, a.payloadLens = buf, lens
+	}
+}
+
+// WithPackedPayloads attaches payloads already packed back to back in buf, with one
+// length per id in lens (NoPayload = none). Passed to the library without a copy.
+func WithPackedPayloads(buf []byte, lens []uint32) UpsertOption {
+	return func(a *upsertArgs) { a.payloads, a.payloadLens = buf, lens }
+}
+
+// NoPayload marks "no payload" in the lengths of WithPackedPayloads.
+const NoPayload = noPayload
+
+// WithTTL makes the upserted memories expire after d (rounded up to milliseconds).
+func WithTTL(d time.Duration) UpsertOption {
+	return func(a *upsertArgs) { a.ttlMS = durationMS(d) }
+}
+
+// WithExpiry makes the upserted memories expire at t (must be in the future).
+func WithExpiry(t time.Time) UpsertOption {
+	return func(a *upsertArgs) { a.expiresAtMS = uint64(t.UnixMilli()) }
+}
+
+// durationMS rounds a positive duration up to whole milliseconds (0 stays 0).
+func durationMS(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func durationNS(ns uint64) time.Duration   { return time.Duration(ns) }
+func durationMS64(ms uint64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// deadline turns a context into the call's timeout_ms: 0 (the handle's default) without a
+// deadline, else the time left rounded up to a millisecond, so the library never gives up
+// before the context does. A context that is already done returns its error.
+func deadline(ctx context.Context) (ms uint64, has bool, err error) {
+	if ctx == nil {
+		return 0, false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, false, err
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0, false, nil
+	}
+	left := time.Until(dl)
+	if left <= 0 {
+		return 0, true, context.DeadlineExceeded
+	}
+	return durationMS(left), true, nil
+}
