@@ -87,6 +87,73 @@
 // WAL sync: never fsync (the OS decides).
 #define KALOS_SYNC_NEVER 2
 
+// The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
+// appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
+// read back from C is well defined.
+enum kalos_status_code
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Success.
+  KALOS_OK = 0,
+  // An argument is invalid (the message says which and why).
+  KALOS_INVALID_ARGUMENT = 1,
+  // A required pointer argument was NULL.
+  KALOS_NULL_POINTER = 2,
+  // A vector or query does not have the store's dimension.
+  KALOS_DIMENSION_MISMATCH = 3,
+  // k is 0 or above KALOS_MAX_K.
+  KALOS_K_OUT_OF_RANGE = 4,
+  // A query or vector holds NaN or Inf.
+  KALOS_NON_FINITE = 5,
+  // The store name is invalid.
+  KALOS_INVALID_NAME = 6,
+  // The store is at capacity; nothing was written.
+  KALOS_STORE_FULL = 7,
+  // The segment was made by another layout version.
+  KALOS_VERSION_MISMATCH = 8,
+  // An id, or the store itself (role client), does not exist.
+  KALOS_NOT_FOUND = 9,
+  // A live server already owns the name (role server).
+  KALOS_ALREADY_EXISTS = 10,
+  // The deadline passed.
+  KALOS_TIMEOUT = 11,
+  // The server is gone; reopen to reach a new one.
+  KALOS_SERVER_GONE = 12,
+  // A caller buffer is too small.
+  KALOS_BUFFER_TOO_SMALL = 13,
+  // A payload exceeds max_payload_bytes.
+  KALOS_PAYLOAD_TOO_LARGE = 14,
+  // Corrupt data file or segment.
+  KALOS_CORRUPT = 15,
+  // An operating-system call failed.
+  KALOS_IO = 16,
+  // The data directory is locked by another live server.
+  KALOS_LOCKED = 17,
+  // The requested engine is not available here.
+  KALOS_BACKEND_UNAVAILABLE = 18,
+  // The GPU engine failed.
+  KALOS_CUDA = 19,
+  // Permission denied (segment of another user).
+  KALOS_PERMISSION_DENIED = 20,
+  // The request does not fit in a slot; raise slot_bytes.
+  KALOS_TOO_LARGE = 21,
+  // The handle is closed.
+  KALOS_CLOSED = 22,
+  // A panic was caught at the API boundary.
+  KALOS_PANIC = 23,
+  // An internal invariant failed.
+  KALOS_INTERNAL = 24,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kalos_status_code kalos_status_code;
+#else
+typedef int32_t kalos_status_code;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // An open store. Opaque; created by `kalos_open`, freed by `kalos_close`.
 typedef struct kalos_handle kalos_handle;
 
@@ -212,81 +279,6 @@ typedef struct kalos_stats_info {
   // NUL-terminated engine description, e.g. "cpu-avx2-x2".
   char engine_name[48];
 } kalos_stats_info;
-
-// Success.
-#define KALOS_OK 0
-
-// An argument is invalid (the message says which and why).
-#define KALOS_INVALID_ARGUMENT 1
-
-// A required pointer argument was NULL.
-#define KALOS_NULL_POINTER 2
-
-// A vector or query does not have the store's dimension.
-#define KALOS_DIMENSION_MISMATCH 3
-
-// k is 0 or above KALOS_MAX_K.
-#define KALOS_K_OUT_OF_RANGE 4
-
-// A query or vector holds NaN or Inf.
-#define KALOS_NON_FINITE 5
-
-// The store name is invalid.
-#define KALOS_INVALID_NAME 6
-
-// The store is at capacity; nothing was written.
-#define KALOS_STORE_FULL 7
-
-// The segment was made by another layout version.
-#define KALOS_VERSION_MISMATCH 8
-
-// An id, or the store itself (role client), does not exist.
-#define KALOS_NOT_FOUND 9
-
-// A live server already owns the name (role server).
-#define KALOS_ALREADY_EXISTS 10
-
-// The deadline passed.
-#define KALOS_TIMEOUT 11
-
-// The server is gone; reopen to reach a new one.
-#define KALOS_SERVER_GONE 12
-
-// A caller buffer is too small.
-#define KALOS_BUFFER_TOO_SMALL 13
-
-// A payload exceeds max_payload_bytes.
-#define KALOS_PAYLOAD_TOO_LARGE 14
-
-// Corrupt data file or segment.
-#define KALOS_CORRUPT 15
-
-// An operating-system call failed.
-#define KALOS_IO 16
-
-// The data directory is locked by another live server.
-#define KALOS_LOCKED 17
-
-// The requested engine is not available here.
-#define KALOS_BACKEND_UNAVAILABLE 18
-
-// The GPU engine failed.
-#define KALOS_CUDA 19
-
-// Permission denied (segment of another user).
-#define KALOS_PERMISSION_DENIED 20
-
-// The request does not fit in a slot; raise slot_bytes.
-#define KALOS_TOO_LARGE 21
-
-// The handle is closed.
-#define KALOS_CLOSED 22
-
-// A panic was caught at the API boundary.
-#define KALOS_PANIC 23
-
-// An internal invariant failed.
-#define KALOS_INTERNAL 24
 
 #ifdef __cplusplus
 extern "C" {

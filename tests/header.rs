@@ -23,7 +23,8 @@ fn header_matches_code() {
 
 #[test]
 fn status_constants_match_rust_enum() {
-    use kalos::ffi::*;
+    use kalos::ffi::kalos_status_code::*;
+    use kalos::ffi::kalos_status_str;
     let consts = [
         KALOS_OK, KALOS_INVALID_ARGUMENT, KALOS_NULL_POINTER, KALOS_DIMENSION_MISMATCH, KALOS_K_OUT_OF_RANGE, KALOS_NON_FINITE,
         KALOS_INVALID_NAME, KALOS_STORE_FULL, KALOS_VERSION_MISMATCH, KALOS_NOT_FOUND, KALOS_ALREADY_EXISTS, KALOS_TIMEOUT,
@@ -31,7 +32,7 @@ fn status_constants_match_rust_enum() {
         KALOS_BACKEND_UNAVAILABLE, KALOS_CUDA, KALOS_PERMISSION_DENIED, KALOS_TOO_LARGE, KALOS_CLOSED, KALOS_PANIC, KALOS_INTERNAL,
     ];
     for (i, s) in kalos::Status::ALL.iter().enumerate() {
-        assert_eq!(consts[i], *s as i32, "constant for {}", s.name());
+        assert_eq!(consts[i] as i32, *s as i32, "constant for {}", s.name());
         // SAFETY: kalos_status_str returns a static NUL-terminated string.
         let name = unsafe { std::ffi::CStr::from_ptr(kalos_status_str(*s as i32)) }.to_str().unwrap();
         assert_eq!(name, s.name());

@@ -25,56 +25,64 @@ pub use panic::kalos_last_error;
 #[allow(non_camel_case_types)]
 pub type kalos_status = i32;
 
-/// Success.
-pub const KALOS_OK: kalos_status = 0;
-/// An argument is invalid (the message says which and why).
-pub const KALOS_INVALID_ARGUMENT: kalos_status = 1;
-/// A required pointer argument was NULL.
-pub const KALOS_NULL_POINTER: kalos_status = 2;
-/// A vector or query does not have the store's dimension.
-pub const KALOS_DIMENSION_MISMATCH: kalos_status = 3;
-/// k is 0 or above KALOS_MAX_K.
-pub const KALOS_K_OUT_OF_RANGE: kalos_status = 4;
-/// A query or vector holds NaN or Inf.
-pub const KALOS_NON_FINITE: kalos_status = 5;
-/// The store name is invalid.
-pub const KALOS_INVALID_NAME: kalos_status = 6;
-/// The store is at capacity; nothing was written.
-pub const KALOS_STORE_FULL: kalos_status = 7;
-/// The segment was made by another layout version.
-pub const KALOS_VERSION_MISMATCH: kalos_status = 8;
-/// An id, or the store itself (role client), does not exist.
-pub const KALOS_NOT_FOUND: kalos_status = 9;
-/// A live server already owns the name (role server).
-pub const KALOS_ALREADY_EXISTS: kalos_status = 10;
-/// The deadline passed.
-pub const KALOS_TIMEOUT: kalos_status = 11;
-/// The server is gone; reopen to reach a new one.
-pub const KALOS_SERVER_GONE: kalos_status = 12;
-/// A caller buffer is too small.
-pub const KALOS_BUFFER_TOO_SMALL: kalos_status = 13;
-/// A payload exceeds max_payload_bytes.
-pub const KALOS_PAYLOAD_TOO_LARGE: kalos_status = 14;
-/// Corrupt data file or segment.
-pub const KALOS_CORRUPT: kalos_status = 15;
-/// An operating-system call failed.
-pub const KALOS_IO: kalos_status = 16;
-/// The data directory is locked by another live server.
-pub const KALOS_LOCKED: kalos_status = 17;
-/// The requested engine is not available here.
-pub const KALOS_BACKEND_UNAVAILABLE: kalos_status = 18;
-/// The GPU engine failed.
-pub const KALOS_CUDA: kalos_status = 19;
-/// Permission denied (segment of another user).
-pub const KALOS_PERMISSION_DENIED: kalos_status = 20;
-/// The request does not fit in a slot; raise slot_bytes.
-pub const KALOS_TOO_LARGE: kalos_status = 21;
-/// The handle is closed.
-pub const KALOS_CLOSED: kalos_status = 22;
-/// A panic was caught at the API boundary.
-pub const KALOS_PANIC: kalos_status = 23;
-/// An internal invariant failed.
-pub const KALOS_INTERNAL: kalos_status = 24;
+/// The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
+/// appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
+/// read back from C is well defined.
+#[allow(non_camel_case_types)]
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kalos_status_code {
+    /// Success.
+    KALOS_OK = 0,
+    /// An argument is invalid (the message says which and why).
+    KALOS_INVALID_ARGUMENT = 1,
+    /// A required pointer argument was NULL.
+    KALOS_NULL_POINTER = 2,
+    /// A vector or query does not have the store's dimension.
+    KALOS_DIMENSION_MISMATCH = 3,
+    /// k is 0 or above KALOS_MAX_K.
+    KALOS_K_OUT_OF_RANGE = 4,
+    /// A query or vector holds NaN or Inf.
+    KALOS_NON_FINITE = 5,
+    /// The store name is invalid.
+    KALOS_INVALID_NAME = 6,
+    /// The store is at capacity; nothing was written.
+    KALOS_STORE_FULL = 7,
+    /// The segment was made by another layout version.
+    KALOS_VERSION_MISMATCH = 8,
+    /// An id, or the store itself (role client), does not exist.
+    KALOS_NOT_FOUND = 9,
+    /// A live server already owns the name (role server).
+    KALOS_ALREADY_EXISTS = 10,
+    /// The deadline passed.
+    KALOS_TIMEOUT = 11,
+    /// The server is gone; reopen to reach a new one.
+    KALOS_SERVER_GONE = 12,
+    /// A caller buffer is too small.
+    KALOS_BUFFER_TOO_SMALL = 13,
+    /// A payload exceeds max_payload_bytes.
+    KALOS_PAYLOAD_TOO_LARGE = 14,
+    /// Corrupt data file or segment.
+    KALOS_CORRUPT = 15,
+    /// An operating-system call failed.
+    KALOS_IO = 16,
+    /// The data directory is locked by another live server.
+    KALOS_LOCKED = 17,
+    /// The requested engine is not available here.
+    KALOS_BACKEND_UNAVAILABLE = 18,
+    /// The GPU engine failed.
+    KALOS_CUDA = 19,
+    /// Permission denied (segment of another user).
+    KALOS_PERMISSION_DENIED = 20,
+    /// The request does not fit in a slot; raise slot_bytes.
+    KALOS_TOO_LARGE = 21,
+    /// The handle is closed.
+    KALOS_CLOSED = 22,
+    /// A panic was caught at the API boundary.
+    KALOS_PANIC = 23,
+    /// An internal invariant failed.
+    KALOS_INTERNAL = 24,
+}
 
 /// Largest k a recall accepts.
 pub const KALOS_MAX_K: u32 = 1024;
@@ -989,7 +997,7 @@ pub extern "C" fn kalos_version() -> *const c_char {
 /// Rust API, e.g. JNI).
 pub fn status_of(r: &Result<()>) -> kalos_status {
     match r {
-        Ok(()) => KALOS_OK,
+        Ok(()) => kalos_status_code::KALOS_OK as kalos_status,
         Err(e) => {
             set_last_error(e);
             e.status as kalos_status
