@@ -190,7 +190,7 @@ public final class Kalos implements AutoCloseable {
         Objects.requireNonNull(options, "options");
         Objects.requireNonNull(ids, "ids");
         Objects.requireNonNull(scores, "scores");
-        if (k > 0 && (ids.length < k || scores.length < k)) {
+        if (k > 0 && k <= 1024 && (ids.length < k || scores.length < k)) {
             throw new KalosException(KalosException.Status.BUFFER_TOO_SMALL,
                     "ids/scores hold " + ids.length + "/" + scores.length + " entries; k = " + k);
         }
@@ -223,7 +223,7 @@ public final class Kalos implements AutoCloseable {
             throw new KalosException(KalosException.Status.DIMENSION_MISMATCH,
                     "query buffer has " + query.remaining() + " floats remaining; the store's dimension is " + dim);
         }
-        if (k > 0 && (ids.remaining() < k || scores.remaining() < k)) {
+        if (k > 0 && k <= 1024 && (ids.remaining() < k || scores.remaining() < k)) {
             throw new KalosException(KalosException.Status.BUFFER_TOO_SMALL,
                     "ids/scores buffers have " + ids.remaining() + "/" + scores.remaining() + " remaining; k = " + k);
         }
