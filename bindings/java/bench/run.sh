@@ -19,7 +19,12 @@ fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 gcc -O2 -o "$out/recall_bench" "$here/recall_bench.c" -I"$root/include" -L"$rel" -lkalos -Wl,-rpath,"$rel"
-javac -d "$out" -cp "$root/bindings/java/target/classes" "$here/RecallBench.java"
+JAVA="${JAVA:-java}"   # e.g. a jlink'd runtime on a machine without a JDK
+if [[ -n "${RECALLBENCH_CLASSES:-}" ]]; then
+  cp "$RECALLBENCH_CLASSES"/*.class "$out/"
+else
+  javac -d "$out" -cp "$root/bindings/java/target/classes" "$here/RecallBench.java"
+fi
 name="jbench-$$"
 "$rel/kalosd" serve --name "$name" --dim "$DIM" --metric ip --capacity $((N + 1000)) ${KALOSD_ARGS:-} > "$out/kalosd.log" 2>&1 &
 kpid=$!
@@ -28,9 +33,12 @@ for _ in $(seq 100); do grep -q "kalosd: serving" "$out/kalosd.log" && break; sl
 grep "kalosd: serving" "$out/kalosd.log"
 export KALOS_LIBRARY="$rel/libkalos.so"
 jcp="$root/bindings/java/target/classes:$out"
-# Java first fills the store, then both languages run the same loop, twice, interleaved.
-java -cp "$jcp" RecallBench "$name" "$N" "$K" "$ITERS" "$WARM"
-"$out/recall_bench" "$name" "$K" "$ITERS" "$WARM"
-java -cp "$jcp" RecallBench "$name" "$N" "$K" "$ITERS" "$WARM" | grep -v '^#'
-"$out/recall_bench" "$name" "$K" "$ITERS" "$WARM"
-echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(java -version 2>&1 | head -1)"
+# Java first fills the store, then both languages run the same loop, ROUNDS times, interleaved
+# (C first, then Java, each round), so drift on a busy machine hits both alike.
+"$JAVA" -cp "$jcp" RecallBench "$name" "$N" "$K" 1 0 | grep '^#'
+for r in $(seq "${ROUNDS:-3}"); do
+  echo "# round $r"
+  "$out/recall_bench" "$name" "$K" "$ITERS" "$WARM"
+  "$JAVA" -cp "$jcp" RecallBench "$name" "$N" "$K" "$ITERS" "$WARM" | grep -v '^#'
+done
+echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $("$JAVA" -version 2>&1 | head -1)"
