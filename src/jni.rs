@@ -685,7 +685,7 @@ pub extern "system" fn Java_io_kalos_Native_get<'l>(
     })
 }
 
-/// `static native String stats(long h, long[] out)`: fills 19 counters (order of
+/// `static native String stats(long h, long[] out)`: fills 18 counters (order of
 /// `io.kalos.Stats`) and returns the engine name.
 #[no_mangle]
 pub extern "system" fn Java_io_kalos_Native_stats<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong, out: JLongArray<'l>) -> jstring {

@@ -86,7 +86,7 @@ public final class Kalos implements AutoCloseable {
     public static Kalos open(String name, KalosOptions options) {
         Objects.requireNonNull(name, "name");
         Objects.requireNonNull(options, "options");
-        Native.ensureLoaded();
+        NativeLoader.load();
         String dataDir = options.dataDir == null ? null : options.dataDir.toString();
         long h = Native.open(name, options.toNative(), dataDir);
         return new Kalos(name, h);
@@ -104,7 +104,7 @@ public final class Kalos implements AutoCloseable {
 
     /** The library version, e.g. "0.1.0". */
     public static String version() {
-        Native.ensureLoaded();
+        NativeLoader.load();
         return Native.version();
     }
 
@@ -219,6 +219,9 @@ public final class Kalos implements AutoCloseable {
         checkDirect(query, query.order(), "query");
         checkDirect(ids, ids.order(), "ids");
         checkDirect(scores, scores.order(), "scores");
+        if (ids.isReadOnly() || scores.isReadOnly()) {
+            throw new IllegalArgumentException("ids and scores must be writable buffers");
+        }
         if (query.remaining() < dim) {
             throw new KalosException(KalosException.Status.DIMENSION_MISMATCH,
                     "query buffer has " + query.remaining() + " floats remaining; the store's dimension is " + dim);
@@ -295,6 +298,9 @@ public final class Kalos implements AutoCloseable {
         Objects.requireNonNull(options, "options");
         int kk = Math.max(0, Math.min(k, 1024));
         int nn = Math.max(nq, 0);
+        if ((long) nn * kk > Integer.MAX_VALUE - 8) {
+            throw new KalosException(KalosException.Status.INVALID_ARGUMENT, "batch of " + nq + " x k=" + k + " results is too large");
+        }
         long[] ids = new long[nn * kk];
         float[] scores = new float[nn * kk];
         int[] counts = new int[nn];

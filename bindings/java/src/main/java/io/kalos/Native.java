@@ -11,10 +11,6 @@ final class Native {
 
     private Native() {}
 
-    static void ensureLoaded() {
-        // Triggers the static initialiser.
-    }
-
     static native void init(Class<?> exceptionClass);
 
     static native String version();

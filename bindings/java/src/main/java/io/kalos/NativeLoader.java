@@ -9,6 +9,8 @@ import java.io.File;
  */
 final class NativeLoader {
     private static volatile boolean loaded;
+    /** The first failure's message, repeated on every later attempt (not a bare NoClassDefFoundError). */
+    private static String failure;
 
     private NativeLoader() {}
 
@@ -16,6 +18,19 @@ final class NativeLoader {
         if (loaded) {
             return;
         }
+        if (failure != null) {
+            throw new UnsatisfiedLinkError(failure);
+        }
+        try {
+            doLoad();
+        } catch (UnsatisfiedLinkError e) {
+            failure = e.getMessage();
+            throw e;
+        }
+        loaded = true;
+    }
+
+    private static void doLoad() {
         String path = System.getProperty("kalos.library");
         String source = "system property kalos.library";
         if (path == null || path.isEmpty()) {
@@ -44,6 +59,5 @@ final class NativeLoader {
                 throw u;
             }
         }
-        loaded = true;
     }
 }

@@ -161,6 +161,7 @@ class ErrorsTest {
         raw.position(1);
         FloatBuffer mis = raw.slice().order(ByteOrder.nativeOrder()).asFloatBuffer();
         assertThrows(IllegalArgumentException.class, () -> k.recallInto(mis, 1, RecallOptions.ALL, di, ds));
+        assertThrows(IllegalArgumentException.class, () -> k.recallInto(dq, 1, RecallOptions.ALL, di.asReadOnlyBuffer(), ds));
         assertStatus(Status.BUFFER_TOO_SMALL, () -> k.recallInto(dq, 11, RecallOptions.ALL, di, ds));
         dq.position(1);
         assertStatus(Status.DIMENSION_MISMATCH, () -> k.recallInto(dq, 1, RecallOptions.ALL, di, ds));
