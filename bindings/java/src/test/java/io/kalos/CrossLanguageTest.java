@@ -87,6 +87,31 @@ class CrossLanguageTest {
     }
 
     @Test
+    void frozenServerGivesTimeoutThenRecovers() throws Exception {
+        String name = uniqueName("stop");
+        TestUtil.Kalosd d = new TestUtil.Kalosd(name, List.of("--dim", "4", "--metric", "ip", "--backend", "cpu"));
+        try (Kalos k = Kalos.connect(name)) {
+            k.upsert(1, new float[] {1, 0, 0, 0});
+            signal("STOP", d.process.pid()); // alive, heartbeat fresh, but not answering
+            long t0 = System.nanoTime();
+            KalosException e = assertThrows(KalosException.class,
+                    () -> k.recall(new float[] {1, 0, 0, 0}, 1, RecallOptions.ALL.withTimeoutMs(200)));
+            long ms = (System.nanoTime() - t0) / 1_000_000;
+            assertEquals(Status.TIMEOUT, e.status(), e.getMessage());
+            assertTrue(ms >= 150 && ms < 2000, "TIMEOUT after " + ms + " ms");
+            signal("CONT", d.process.pid());
+            assertEquals(1, k.recall(new float[] {1, 0, 0, 0}, 1).id(0), "works again after the server resumes");
+        } finally {
+            signal("CONT", d.process.pid());
+            d.kill();
+        }
+    }
+
+    static void signal(String sig, long pid) throws Exception {
+        new ProcessBuilder("kill", "-" + sig, Long.toString(pid)).inheritIO().start().waitFor();
+    }
+
+    @Test
     void stoppedServerGivesServerGone() throws Exception {
         String name = uniqueName("term");
         TestUtil.Kalosd d = new TestUtil.Kalosd(name, List.of("--dim", "4", "--metric", "ip", "--backend", "cpu"));

@@ -172,6 +172,60 @@ class ErrorsTest {
     }
 
     @Test
+    void responseTooLargeForSlot() {
+        try (Kalos s = Kalos.open(uniqueName("big"), KalosOptions.builder().role(KalosOptions.Role.SERVER).dim(4)
+                .backend(KalosOptions.Backend.CPU).slotBytes(4096).maxPayloadBytes(2048).build())) {
+            byte[][] p = new byte[8][];
+            long[] ids = new long[8];
+            float[] v = new float[32];
+            for (int i = 0; i < 8; i++) {
+                p[i] = new byte[2000];
+                ids[i] = i;
+                v[4 * i] = 1 + i;
+            }
+            s.upsert(ids, v, UpsertOptions.DEFAULT.withPayloads(p));
+            assertEquals(1, s.recallWithPayloads(new float[] {1, 0, 0, 0}, 1, RecallOptions.ALL).size());
+            assertStatus(Status.TOO_LARGE, () -> s.recallWithPayloads(new float[] {1, 0, 0, 0}, 8, RecallOptions.ALL));
+            assertEquals(8, s.get(ids).size(), "get splits its requests to fit the slot");
+        }
+    }
+
+    @Test
+    void cudaBackendUnavailableOrWorks() {
+        try (Kalos s = Kalos.open(uniqueName("cuda"), KalosOptions.builder().role(KalosOptions.Role.SERVER).dim(4)
+                .backend(KalosOptions.Backend.CUDA).build())) {
+            s.upsert(1, new float[] {1, 0, 0, 0});
+            assertEquals(1, s.recall(new float[] {1, 0, 0, 0}, 1).id(0));
+        } catch (KalosException e) {
+            assertEquals(Status.BACKEND_UNAVAILABLE, e.status(), e.getMessage());
+        }
+    }
+
+    @Test
+    void corruptAndForeignSegments() throws Exception {
+        // A file in /dev/shm that is not a Kalos segment: CORRUPT. One with another layout
+        // version: VERSION_MISMATCH. Neither may crash the client.
+        String n1 = uniqueName("corrupt");
+        java.nio.file.Path p1 = java.nio.file.Paths.get("/dev/shm/kalos." + n1);
+        byte[] junk = new byte[8192];
+        java.util.Arrays.fill(junk, (byte) 0xAB);
+        java.nio.file.Files.write(p1, junk);
+        String n2 = uniqueName("version");
+        java.nio.file.Path p2 = java.nio.file.Paths.get("/dev/shm/kalos." + n2);
+        ByteBuffer b = ByteBuffer.allocate(8192).order(ByteOrder.LITTLE_ENDIAN);
+        b.put("KALOSSHM".getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+        b.putInt(999); // layout_version
+        java.nio.file.Files.write(p2, b.array());
+        try {
+            assertStatus(Status.CORRUPT, () -> Kalos.connect(n1));
+            assertStatus(Status.VERSION_MISMATCH, () -> Kalos.connect(n2));
+        } finally {
+            java.nio.file.Files.deleteIfExists(p1);
+            java.nio.file.Files.deleteIfExists(p2);
+        }
+    }
+
+    @Test
     void panicBecomesException() {
         assertStatus(Status.PANIC, Native::debugPanic);
         // The library still works after a caught panic.
