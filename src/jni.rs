@@ -433,8 +433,12 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
         let q = check_region("query", qa, qc, q_pos, dim, 4)?;
         let ip = check_region("ids", ia, ic, ids_pos, k, 8)?;
         let sp = check_region("scores", sa, sc, scores_pos, k, 4)?;
+        let overlap = |a: *mut c_void, an: usize, b: *mut c_void, bn: usize| (a as usize) < (b as usize) + bn && (b as usize) < (a as usize) + an;
+        if overlap(q, dim * 4, ip, k * 8) || overlap(q, dim * 4, sp, k * 4) || overlap(ip, k * 8, sp, k * 4) {
+            return Err(JErr::IllegalArgument("query, ids and scores buffers must not overlap".into()));
+        }
         let opts = recall_opts(env, &ns, weight, half_life_ms, timeout_ms)?;
-        // SAFETY: regions checked in bounds and aligned above; the buffers stay reachable for
+        // SAFETY: regions checked in bounds, aligned and pairwise disjoint above; the buffers stay reachable for
         // the whole call (they are arguments of this native frame). Java code racing on the same
         // buffer memory is the caller's data race, as with any NIO buffer, not memory unsafety in
         // Rust terms beyond torn values.

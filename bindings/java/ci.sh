@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI for the Java binding: builds libkalos.so + kalosd with cargo if missing, then runs the JUnit 5
+# CI for the Java binding: builds libkalos.so + kalosd with cargo (a no-op when fresh), then runs the JUnit 5
 # suite with Maven against that library.
 #
 #   bindings/java/ci.sh            # release build (target/release), the default

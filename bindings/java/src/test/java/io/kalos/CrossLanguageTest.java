@@ -109,6 +109,25 @@ class CrossLanguageTest {
 
     static void signal(String sig, long pid) throws Exception {
         new ProcessBuilder("kill", "-" + sig, Long.toString(pid)).inheritIO().start().waitFor();
+        if (sig.equals("STOP")) {
+            // Delivery is asynchronous: wait until every thread of the process is stopped.
+            long deadline = System.nanoTime() + 5_000_000_000L;
+            while (System.nanoTime() < deadline) {
+                boolean all = true;
+                try (var tasks = Files.list(Path.of("/proc/" + pid + "/task"))) {
+                    for (Path t : (Iterable<Path>) tasks::iterator) {
+                        String st = Files.readString(t.resolve("stat"));
+                        char state = st.charAt(st.lastIndexOf(')') + 2);
+                        all &= state == 'T' || state == 't';
+                    }
+                }
+                if (all) {
+                    return;
+                }
+                Thread.sleep(1);
+            }
+            throw new IllegalStateException("process " + pid + " did not stop");
+        }
     }
 
     @Test

@@ -162,6 +162,10 @@ class ErrorsTest {
         FloatBuffer mis = raw.slice().order(ByteOrder.nativeOrder()).asFloatBuffer();
         assertThrows(IllegalArgumentException.class, () -> k.recallInto(mis, 1, RecallOptions.ALL, di, ds));
         assertThrows(IllegalArgumentException.class, () -> k.recallInto(dq, 1, RecallOptions.ALL, di.asReadOnlyBuffer(), ds));
+        // Overlapping outputs (two views of one buffer) are refused.
+        ByteBuffer shared = ByteBuffer.allocateDirect(80).order(ByteOrder.nativeOrder());
+        assertThrows(IllegalArgumentException.class,
+                () -> k.recallInto(dq, 2, RecallOptions.ALL, shared.asLongBuffer(), shared.asFloatBuffer()));
         assertStatus(Status.BUFFER_TOO_SMALL, () -> k.recallInto(dq, 11, RecallOptions.ALL, di, ds));
         dq.position(1);
         assertStatus(Status.DIMENSION_MISMATCH, () -> k.recallInto(dq, 1, RecallOptions.ALL, di, ds));
