@@ -26,7 +26,7 @@
 use std::cell::RefCell;
 use std::ffi::c_void;
 
-use jni::objects::{JClass, JFloatArray, JIntArray, JLongArray, JObject, JString, JByteArray};
+use jni::objects::{JByteArray, JClass, JFloatArray, JIntArray, JLongArray, JObject, JString};
 use jni::refs::Global;
 use jni::sys::{jdouble, jfloat, jint, jlong, jobject, jstring};
 use jni::{jni_sig, jni_str, Env, EnvUnowned, JValue, Outcome};
@@ -119,7 +119,11 @@ fn throw_kalos(env: &mut Env<'_>, status: i32, message: &str) -> jni::errors::Re
     let msg = env.new_string(message)?;
     let obj = match EXCEPTION_CLASS.get() {
         Some(cls) => env.new_object(cls, jni_sig!("(ILjava/lang/String;)V"), &[JValue::Int(status), JValue::Object(&msg)])?,
-        None => env.new_object(jni_str!("io/kalos/KalosException"), jni_sig!("(ILjava/lang/String;)V"), &[JValue::Int(status), JValue::Object(&msg)])?,
+        None => env.new_object(
+            jni_str!("io/kalos/KalosException"),
+            jni_sig!("(ILjava/lang/String;)V"),
+            &[JValue::Int(status), JValue::Object(&msg)],
+        )?,
     };
     let t = env.cast_local::<jni::objects::JThrowable>(obj)?;
     env.throw(t)
@@ -223,10 +227,12 @@ fn check_region(what: &str, addr: *mut c_void, cap: usize, pos: jint, len: usize
         return Err(JErr::IllegalArgument(format!("{what}: {len} elements at position {pos} exceed its capacity {cap}")));
     }
     let elem = align; // element size equals alignment for f32 / u64
-    // SAFETY: in bounds of the buffer (checked just above).
+                      // SAFETY: in bounds of the buffer (checked just above).
     let p = unsafe { (addr as *mut u8).add(pos as usize * elem) } as *mut c_void;
     if (p as usize) % align != 0 {
-        return Err(JErr::IllegalArgument(format!("{what} is not {align}-byte aligned (a sliced or offset ByteBuffer); use an aligned direct buffer")));
+        return Err(JErr::IllegalArgument(format!(
+            "{what} is not {align}-byte aligned (a sliced or offset ByteBuffer); use an aligned direct buffer"
+        )));
     }
     Ok(p)
 }
@@ -433,7 +439,8 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
         let q = check_region("query", qa, qc, q_pos, dim, 4)?;
         let ip = check_region("ids", ia, ic, ids_pos, k, 8)?;
         let sp = check_region("scores", sa, sc, scores_pos, k, 4)?;
-        let overlap = |a: *mut c_void, an: usize, b: *mut c_void, bn: usize| (a as usize) < (b as usize) + bn && (b as usize) < (a as usize) + an;
+        let overlap =
+            |a: *mut c_void, an: usize, b: *mut c_void, bn: usize| (a as usize) < (b as usize) + bn && (b as usize) < (a as usize) + an;
         if overlap(q, dim * 4, ip, k * 8) || overlap(q, dim * 4, sp, k * 4) || overlap(ip, k * 8, sp, k * 4) {
             return Err(JErr::IllegalArgument("query, ids and scores buffers must not overlap".into()));
         }
@@ -625,7 +632,13 @@ pub extern "system" fn Java_io_kalos_Native_upsert<'l>(
 
 /// `static native long delete(long h, long[] ids, long timeoutMs)`
 #[no_mangle]
-pub extern "system" fn Java_io_kalos_Native_delete<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong, ids: JLongArray<'l>, timeout_ms: jlong) -> jlong {
+pub extern "system" fn Java_io_kalos_Native_delete<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ids: JLongArray<'l>,
+    timeout_ms: jlong,
+) -> jlong {
     run(&mut env, |env| {
         let kal = handle(h)?;
         null_check(&ids, "ids")?;
