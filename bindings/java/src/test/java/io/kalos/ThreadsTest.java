@@ -119,6 +119,57 @@ class ThreadsTest {
     }
 
     @Test
+    void moreThreadsThanSlots() throws Exception {
+        // 4 request slots, 24 threads: callers wait for a free slot (bounded by the deadline).
+        String name = uniqueName("slots");
+        try (Kalos k = Kalos.open(name, KalosOptions.builder().role(KalosOptions.Role.SERVER).dim(8)
+                .metric(KalosOptions.Metric.IP).backend(KalosOptions.Backend.CPU).slots(4).build())) {
+            for (int i = 0; i < 8; i++) {
+                float[] v = new float[8];
+                v[i] = 1;
+                k.upsert(i, v);
+            }
+            ExecutorService ex = Executors.newFixedThreadPool(24);
+            List<Future<?>> fs = new ArrayList<>();
+            for (int t = 0; t < 24; t++) {
+                final int tt = t;
+                fs.add(ex.submit(() -> {
+                    for (int i = 0; i < 300; i++) {
+                        float[] q = new float[8];
+                        q[(tt + i) % 8] = 1;
+                        assertEquals((tt + i) % 8, k.recall(q, 1).id(0));
+                    }
+                    return null;
+                }));
+            }
+            for (Future<?> f : fs) {
+                f.get(120, TimeUnit.SECONDS);
+            }
+            ex.shutdown();
+        }
+    }
+
+    @Test
+    void cleanerFreesAnUnclosedHandle() throws Exception {
+        // Safety net only: a server handle that is dropped without close() is freed by the
+        // Cleaner once unreachable, which stops its server and removes the segment.
+        String name = uniqueName("cleaner");
+        openAndDrop(name);
+        java.nio.file.Path seg = java.nio.file.Paths.get("/dev/shm/kalos." + name);
+        for (int i = 0; i < 200 && java.nio.file.Files.exists(seg); i++) {
+            System.gc();
+            Thread.sleep(20);
+        }
+        assertFalse(java.nio.file.Files.exists(seg), "segment removed after the handle was collected");
+    }
+
+    private static void openAndDrop(String name) {
+        Kalos k = Kalos.open(name, server(4, KalosOptions.Metric.IP));
+        k.upsert(1, new float[] {1, 0, 0, 0});
+        assertTrue(java.nio.file.Files.exists(java.nio.file.Paths.get("/dev/shm/kalos." + name)));
+    }
+
+    @Test
     void closeRacesWithCalls() throws Exception {
         for (int round = 0; round < 5; round++) {
             String name = uniqueName("race");
