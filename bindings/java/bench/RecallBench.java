@@ -34,8 +34,8 @@ public final class RecallBench {
         }
         Arrays.sort(lat);
         double mean = Arrays.stream(lat).average().orElse(0);
-        System.out.printf("%-12s p50_us=%.2f p99_us=%.2f mean_us=%.2f iters=%d k=%d dim=%d%n", label, lat[iters / 2] / 1e3,
-                lat[(int) (iters * 0.99)] / 1e3, mean / 1e3, iters, k, dim);
+        System.out.printf("%-12s min_us=%.2f p10_us=%.2f p50_us=%.2f p99_us=%.2f mean_us=%.2f iters=%d k=%d dim=%d%n", label,
+                lat[0] / 1e3, lat[iters / 10] / 1e3, lat[iters / 2] / 1e3, lat[(int) (iters * 0.99)] / 1e3, mean / 1e3, iters, k, dim);
     }
 
     public static void main(String[] a) {

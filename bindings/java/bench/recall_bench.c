@@ -73,8 +73,8 @@ int main(int argc, char **argv) {
     qsort(lat, iters, sizeof(uint64_t), cmp_u64);
     double sum = 0;
     for (int i = 0; i < iters; i++) sum += (double)lat[i];
-    printf("c            p50_us=%.2f p99_us=%.2f mean_us=%.2f iters=%d k=%u dim=%u\n", lat[iters / 2] / 1e3,
-           lat[(size_t)(iters * 0.99)] / 1e3, sum / iters / 1e3, iters, k, dim);
+    printf("c            min_us=%.2f p10_us=%.2f p50_us=%.2f p99_us=%.2f mean_us=%.2f iters=%d k=%u dim=%u\n", lat[0] / 1e3,
+           lat[iters / 10] / 1e3, lat[iters / 2] / 1e3, lat[(size_t)(iters * 0.99)] / 1e3, sum / iters / 1e3, iters, k, dim);
     kalos_close(h);
     free(qs); free(ids); free(scores); free(lat);
     return 0;
