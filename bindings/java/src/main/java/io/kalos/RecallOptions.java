@@ -1,0 +1,45 @@
+package io.kalos;
+
+/**
+ * Per-call recall options: a namespace filter (exact: applied inside the scan), recency
+ * weighting and a deadline. Immutable; {@code with*} return copies. {@link #ALL} is the default.
+ */
+public final class RecallOptions {
+    /** All namespaces, no recency weighting, the handle's default deadline. */
+    public static final RecallOptions ALL = new RecallOptions(null, 0f, 1.0, 0);
+
+    final long[] namespaces;
+    final float recencyWeight;
+    final double recencyHalfLifeMs;
+    final long timeoutMs;
+
+    private RecallOptions(long[] namespaces, float w, double halfLife, long timeoutMs) {
+        this.namespaces = namespaces;
+        this.recencyWeight = w;
+        this.recencyHalfLifeMs = halfLife;
+        this.timeoutMs = timeoutMs;
+    }
+
+    /** Only memories in these namespaces (at most 64). */
+    public static RecallOptions namespaces(long... ns) {
+        return ALL.withNamespaces(ns);
+    }
+
+    /** Only memories in these namespaces (at most 64); null = all. */
+    public RecallOptions withNamespaces(long... ns) {
+        return new RecallOptions(ns == null ? null : ns.clone(), recencyWeight, recencyHalfLifeMs, timeoutMs);
+    }
+
+    /**
+     * Recency weighting: {@code score' = (1-w)·score + w·2^(-age/halfLife)} (ip and cosine);
+     * weight 0 turns it off.
+     */
+    public RecallOptions withRecency(float weight, double halfLifeMs) {
+        return new RecallOptions(namespaces, weight, halfLifeMs, timeoutMs);
+    }
+
+    /** Deadline of this call in ms (0 = the handle's default). */
+    public RecallOptions withTimeoutMs(long ms) {
+        return new RecallOptions(namespaces, recencyWeight, recencyHalfLifeMs, ms);
+    }
+}

@@ -1,0 +1,59 @@
+package io.kalos;
+
+/** Server statistics ({@link Kalos#stats()}). */
+public final class Stats {
+    public final long count;
+    public final long capacity;
+    public final long dim;
+    public final long metric;
+    public final long dtype;
+    /** 1 = cpu, 2 = cuda. */
+    public final long engine;
+    public final long requests;
+    public final long queries;
+    public final long batches;
+    public final long errors;
+    /** Server-side service time percentiles over the last 4096 requests, ns. */
+    public final long p50Ns;
+    public final long p99Ns;
+    public final long queueDepth;
+    public final long serverPid;
+    public final long epoch;
+    public final long payloadBytes;
+    public final long uptimeMs;
+    public final long engineFallbacks;
+    /** Engine description, e.g. "cpu-avx2-x2". */
+    public final String engineName;
+
+    /** Number of counters {@code Native.stats} fills. */
+    static final int N = 18;
+
+    Stats(long[] v, String engineName) {
+        count = v[0];
+        capacity = v[1];
+        dim = v[2];
+        metric = v[3];
+        dtype = v[4];
+        engine = v[5];
+        requests = v[6];
+        queries = v[7];
+        batches = v[8];
+        errors = v[9];
+        p50Ns = v[10];
+        p99Ns = v[11];
+        queueDepth = v[12];
+        serverPid = v[13];
+        epoch = v[14];
+        payloadBytes = v[15];
+        uptimeMs = v[16];
+        engineFallbacks = v[17];
+        this.engineName = engineName;
+    }
+
+    @Override
+    public String toString() {
+        return "Stats{count=" + count + ", capacity=" + capacity + ", dim=" + dim + ", engine=" + engineName
+                + ", requests=" + requests + ", queries=" + queries + ", batches=" + batches + ", errors=" + errors
+                + ", p50Ns=" + p50Ns + ", p99Ns=" + p99Ns + ", serverPid=" + serverPid + "}";
+    }
+}

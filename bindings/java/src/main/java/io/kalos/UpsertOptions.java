@@ -1,0 +1,71 @@
+package io.kalos;
+
+import java.nio.charset.StandardCharsets;
+
+/**
+ * Per-call upsert options: namespace (one for all items, or one per item), payloads, expiry and
+ * deadline. Immutable; {@code with*} return copies. {@link #DEFAULT}: namespace 0, no payloads,
+ * no expiry.
+ */
+public final class UpsertOptions {
+    public static final UpsertOptions DEFAULT = new UpsertOptions(0, null, null, 0, 0, 0);
+
+    final long namespace;
+    final long[] namespaces;
+    final byte[][] payloads;
+    final long ttlMs;
+    final long expiresAtMs;
+    final long timeoutMs;
+
+    private UpsertOptions(long ns, long[] nss, byte[][] p, long ttl, long exp, long t) {
+        namespace = ns;
+        namespaces = nss;
+        payloads = p;
+        ttlMs = ttl;
+        expiresAtMs = exp;
+        timeoutMs = t;
+    }
+
+    /** Every item in namespace {@code ns}. */
+    public static UpsertOptions namespace(long ns) {
+        return DEFAULT.withNamespace(ns);
+    }
+
+    public UpsertOptions withNamespace(long ns) {
+        return new UpsertOptions(ns, null, payloads, ttlMs, expiresAtMs, timeoutMs);
+    }
+
+    /** One namespace per item. */
+    public UpsertOptions withNamespaces(long... ns) {
+        return new UpsertOptions(namespace, ns == null ? null : ns.clone(), payloads, ttlMs, expiresAtMs, timeoutMs);
+    }
+
+    /** One payload per item (null entries = no payload). The arrays are not copied until the call. */
+    public UpsertOptions withPayloads(byte[]... p) {
+        return new UpsertOptions(namespace, namespaces, p, ttlMs, expiresAtMs, timeoutMs);
+    }
+
+    /** One UTF-8 text payload per item (null entries = no payload). */
+    public UpsertOptions withTextPayloads(String... texts) {
+        byte[][] p = new byte[texts.length][];
+        for (int i = 0; i < texts.length; i++) {
+            p[i] = texts[i] == null ? null : texts[i].getBytes(StandardCharsets.UTF_8);
+        }
+        return withPayloads(p);
+    }
+
+    /** Time to live from now, ms (0 = none). */
+    public UpsertOptions withTtlMs(long ms) {
+        return new UpsertOptions(namespace, namespaces, payloads, ms, expiresAtMs, timeoutMs);
+    }
+
+    /** Absolute expiry, unix ms (0 = never); must be in the future. */
+    public UpsertOptions withExpiresAtMs(long unixMs) {
+        return new UpsertOptions(namespace, namespaces, payloads, ttlMs, unixMs, timeoutMs);
+    }
+
+    /** Deadline of this call in ms (0 = the handle's default). */
+    public UpsertOptions withTimeoutMs(long ms) {
+        return new UpsertOptions(namespace, namespaces, payloads, ttlMs, expiresAtMs, ms);
+    }
+}

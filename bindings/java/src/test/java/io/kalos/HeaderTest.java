@@ -1,0 +1,75 @@
+package io.kalos;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.Test;
+
+/** The Java enums must match the C ABI's constants in include/kalos.h. */
+class HeaderTest {
+    static Map<String, Long> defines() throws Exception {
+        Path h = TestUtil.root().resolve("include/kalos.h");
+        Pattern p = Pattern.compile("^#define\\s+KALOS_([A-Z0-9_]+)\\s+(-?\\d+)\\s*$");
+        Map<String, Long> m = new HashMap<>();
+        for (String line : Files.readAllLines(h)) {
+            Matcher mm = p.matcher(line.trim());
+            if (mm.matches()) {
+                m.put(mm.group(1), Long.parseLong(mm.group(2)));
+            }
+        }
+        assertFalse(m.isEmpty(), "no #define KALOS_* in " + h);
+        return m;
+    }
+
+    static boolean isStatusDefine(String name) {
+        return !(name.startsWith("ROLE_") || name.startsWith("METRIC_") || name.startsWith("DTYPE_")
+                || name.startsWith("BACKEND_") || name.startsWith("SYNC_") || name.equals("MAX_K")
+                || name.equals("MAX_FILTER_NAMESPACES") || name.equals("NO_PAYLOAD") || name.equals("H"));
+    }
+
+    @Test
+    void statusEnumMatchesHeader() throws Exception {
+        Map<String, Long> d = defines();
+        int seen = 0;
+        for (KalosException.Status s : KalosException.Status.values()) {
+            if (s == KalosException.Status.UNKNOWN) {
+                continue;
+            }
+            assertEquals(d.get(s.name()), Long.valueOf(s.code()), "KALOS_" + s.name());
+            seen++;
+        }
+        for (Map.Entry<String, Long> e : d.entrySet()) {
+            if (isStatusDefine(e.getKey())) {
+                KalosException.Status s = KalosException.Status.valueOf(e.getKey());
+                assertEquals(e.getValue().longValue(), s.code(), "Java Status." + s);
+            }
+        }
+        assertEquals(25, seen);
+    }
+
+    @Test
+    void optionEnumsMatchHeader() throws Exception {
+        Map<String, Long> d = defines();
+        for (KalosOptions.Role x : KalosOptions.Role.values()) {
+            assertEquals(d.get("ROLE_" + x.name()), Long.valueOf(x.code), x.toString());
+        }
+        for (KalosOptions.Metric x : KalosOptions.Metric.values()) {
+            assertEquals(d.get("METRIC_" + x.name()), Long.valueOf(x.code), x.toString());
+        }
+        for (KalosOptions.Dtype x : KalosOptions.Dtype.values()) {
+            assertEquals(d.get("DTYPE_" + x.name()), Long.valueOf(x.code), x.toString());
+        }
+        for (KalosOptions.Backend x : KalosOptions.Backend.values()) {
+            assertEquals(d.get("BACKEND_" + x.name()), Long.valueOf(x.code), x.toString());
+        }
+        for (KalosOptions.SyncPolicy x : KalosOptions.SyncPolicy.values()) {
+            assertEquals(d.get("SYNC_" + x.name()), Long.valueOf(x.code), x.toString());
+        }
+        assertEquals(1024L, d.get("MAX_K"));
+    }
+}
