@@ -360,17 +360,29 @@ impl Kalos {
         let done = shm::with_state(submitted, shm::SLOT_DONE);
         let t0 = Instant::now();
         if self.spin_ns > 0 {
+            // Busy-wait for the first few microseconds (a warm server answers a small request in
+            // about a microsecond), then keep polling but yield the CPU between polls: when the
+            // machine has fewer free cores than spinners, a pure spin would hold the core the
+            // server needs for the rest of its time slice.
             let spin = Duration::from_nanos(self.spin_ns);
+            let hot = Duration::from_nanos(self.spin_ns.min(5_000));
             let mut i = 0u32;
             loop {
                 if slot.state.load(Ordering::Acquire) == done {
                     return Ok(());
                 }
-                std::hint::spin_loop();
                 i = i.wrapping_add(1);
-                if i % 64 == 0 && t0.elapsed() >= spin {
-                    break;
+                if i % 32 == 0 {
+                    let e = t0.elapsed();
+                    if e >= spin {
+                        break;
+                    }
+                    if e >= hot {
+                        std::thread::yield_now();
+                        continue;
+                    }
                 }
+                std::hint::spin_loop();
             }
         }
         loop {

@@ -314,7 +314,9 @@ impl Server {
                 self.housekeeping();
                 last_house = Instant::now();
             }
-            last_work = Instant::now();
+            // `last_work` is not reset here: a housekeeping wake-up with no request goes straight
+            // back to sleep instead of spinning another window; a doorbell wake-up finds its
+            // request on the next scan, which restarts the spin window.
         }
     }
 
