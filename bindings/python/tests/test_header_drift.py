@@ -1,0 +1,172 @@
+"""The ctypes declarations and status codes must match include/kalos.h exactly."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+
+import kalos
+from kalos import _ffi, errors
+
+from conftest import HEADER
+
+if not HEADER.is_file():  # an installed package without the source tree
+    pytest.skip("include/kalos.h not found", allow_module_level=True)
+
+TEXT = HEADER.read_text()
+# Strip comments so prototypes and struct bodies parse cleanly.
+CODE = re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", TEXT, flags=re.S))
+
+
+def header_defines() -> dict:
+    return {m[1]: m[2] for m in re.finditer(r"#define[ \t]+(KALOS_\w+)[ \t]+(\S+)", CODE)}
+
+
+def header_status_enum() -> dict:
+    body = re.search(r"typedef enum Status \{(.*?)\} Status;", CODE, re.S)[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"(\w+)\s*=\s*(\d+)", body)}
+
+
+def norm(t: str) -> str:
+    t = re.sub(r"\s+", " ", t.strip())
+    return re.sub(r"\s*\*", " *", t).replace("* *", "**").strip()
+
+
+def header_prototypes() -> dict:
+    out = {}
+    for m in re.finditer(r"(?:^|\n)\s*([A-Za-z_][\w ]*?\**)\s*\b(kalos_\w+)\s*\(([^)]*)\)\s*;", CODE):
+        ret, name, args = norm(m[1]), m[2], m[3].strip()
+        params = []
+        if args and args != "void":
+            for a in args.split(","):
+                a = a.strip()
+                pm = re.match(r"(.*?)(\w+)$", a, re.S)
+                params.append(norm(pm[1]))
+        out[name] = (ret, params)
+    return out
+
+
+def header_structs() -> dict:
+    out = {}
+    for m in re.finditer(r"typedef struct (kalos_\w+) \{(.*?)\} \1;", CODE, re.S):
+        fields = []
+        for line in m[2].split(";"):
+            line = line.strip()
+            if not line:
+                continue
+            fm = re.match(r"(.*?)(\w+)(?:\[(\d+)\])?$", line, re.S)
+            fields.append((fm[2], norm(fm[1]), int(fm[3]) if fm[3] else None))
+        out[m[1]] = fields
+    return out
+
+
+SCALARS = {
+    "uint8_t": ctypes.c_uint8,
+    "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
+    "int32_t": ctypes.c_int32,
+    "size_t": ctypes.c_size_t,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "kalos_status": ctypes.c_int32,
+    "char": ctypes.c_char,
+}
+
+
+def ctype_ok(c: str, t) -> bool:
+    """Whether ctypes type t can stand for header C type c (same size and kind)."""
+    if c.endswith("*"):
+        base = c[:-1].replace("const", "").strip()
+        if t is ctypes.c_void_p:
+            return True  # raw address (numpy buffers, the opaque handle)
+        if t is ctypes.c_char_p:
+            return base == "char"
+        if hasattr(t, "_type_") and issubclass(t, ctypes._Pointer):
+            inner = t._type_
+            if base.endswith("*"):
+                return inner is ctypes.c_void_p
+            if base.startswith("struct "):
+                return getattr(inner, "__name__", "") == base.split()[1]
+            return inner is SCALARS.get(base)
+        return False
+    return SCALARS.get(c) is t
+
+
+def test_status_codes_match_header():
+    defs = header_defines()
+    enum = header_status_enum()
+    assert enum == _ffi.STATUS_CODES, "kalos._ffi.STATUS_CODES differs from enum Status in kalos.h"
+    for n, v in enum.items():
+        assert int(defs[f"KALOS_{n}"]) == v
+        assert kalos.status_name(v) == n
+    # every KALOS_<status> define is in the enum, and vice versa
+    status_defs = {k[6:] for k in defs} & set(enum) | {k[6:] for k in defs if k[6:] in enum}
+    assert status_defs == set(enum)
+
+
+def test_other_constants_match_header():
+    defs = header_defines()
+    for n, v in defs.items():
+        if n[6:] in _ffi.STATUS_CODES:
+            continue
+        assert hasattr(_ffi, n), f"{n} is in kalos.h but not in kalos._ffi"
+        assert getattr(_ffi, n) == int(v), n
+
+
+def test_error_class_per_status():
+    for n, v in header_status_enum().items():
+        if v == 0:
+            assert v not in errors.ERRORS_BY_STATUS
+            continue
+        cls = errors.ERRORS_BY_STATUS[v]
+        assert cls.status == v and cls.status_name == n
+        assert issubclass(cls, kalos.KalosError)
+        assert getattr(kalos, cls.__name__) is cls
+        e = errors.error_for(v, f"{n}: x")
+        assert type(e) is cls and e.status == v and str(e) == f"{n}: x"
+    assert len(set(errors.ERRORS_BY_STATUS.values())) == len(header_status_enum()) - 1
+    assert type(errors.error_for(999, "")) is kalos.KalosError
+
+
+def test_prototypes_match_header():
+    protos = header_prototypes()
+    assert set(protos) == set(_ffi.PROTOTYPES), "functions differ between kalos.h and kalos._ffi"
+    for name, (ret, params) in protos.items():
+        restype, args = _ffi.PROTOTYPES[name]
+        assert _ffi.RESTYPE_C[restype] == ret, name
+        assert [c for c, _ in args] == params, f"{name}: argument types differ from kalos.h"
+        for c, t in args:
+            assert ctype_ok(c, t), f"{name}: ctypes {t} cannot carry {c}"
+        fn = getattr(_ffi.lib, name)
+        assert fn.argtypes == [t for _, t in args] and len(fn.argtypes) == len(params)
+        assert fn.restype is restype
+
+
+def test_structs_match_header():
+    structs = header_structs()
+    for cname in ("kalos_options", "kalos_recall_params", "kalos_upsert_params", "kalos_stats_info"):
+        py = getattr(_ffi, cname)
+        hf = structs[cname]
+        assert [f[0] for f in py._fields_] == [f[0] for f in hf], cname
+        for (fname, ftype), (_, ctype, arr) in zip(py._fields_, hf):
+            if arr is not None:
+                assert ftype._length_ == arr and ftype._type_ is SCALARS[ctype], (cname, fname)
+            else:
+                assert ctype_ok(ctype, ftype), (cname, fname, ctype, ftype)
+
+
+def test_struct_sizes_match_library():
+    for cls, init in (
+        (_ffi.kalos_options, _ffi.lib.kalos_options_init),
+        (_ffi.kalos_recall_params, _ffi.lib.kalos_recall_params_init),
+        (_ffi.kalos_upsert_params, _ffi.lib.kalos_upsert_params_init),
+    ):
+        s = cls()
+        init(ctypes.byref(s))
+        assert s.struct_size == ctypes.sizeof(cls), cls.__name__
+
+
+def test_version():
+    assert re.match(r"\d+\.\d+\.\d+", kalos.version())
