@@ -27,6 +27,7 @@ Errors: every failing C status raises its own :class:`KalosError` subclass (see
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import sys
 import threading
@@ -136,6 +137,12 @@ def _u64_1d(x: ArrayLike) -> np.ndarray:
     if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous:
         return x
     a = np.asarray(x)
+    if a.dtype.kind in "fO" and not isinstance(x, np.ndarray):
+        # Python ints >= 2**63 make numpy infer float64 or object: convert them exactly.
+        vals = [operator.index(v) for v in np.ravel(np.array(x, dtype=object))]
+        if any(v < 0 or v >= 1 << 64 for v in vals):
+            raise OverflowError("ids and namespaces are unsigned 64-bit integers (0 <= v < 2**64)")
+        return np.array(vals, dtype=_U64)
     if a.dtype.kind == "i" and a.size and a.min() < 0:
         raise OverflowError("ids and namespaces are unsigned 64-bit integers; got a negative value")
     if a.dtype.kind not in "iub" and a.size:
@@ -486,14 +493,14 @@ class Kalos:
         Returns once the write is applied (and durable, with a data directory): every later
         recall from any process sees it.
         """
-        i = _u64_1d(np.atleast_1d(ids) if not isinstance(ids, np.ndarray) else ids)
+        i = _u64_1d(ids)
         v = _f32_c(vectors)
         p = _ffi.kalos_upsert_params()
         _lib.kalos_upsert_params_init(byref(p))
         p.namespace_id = namespace
         keep: List[Any] = []
         if namespaces is not None:
-            ns = _u64_1d(np.atleast_1d(namespaces))
+            ns = _u64_1d(namespaces)
             keep.append(ns)
             p.namespaces = ns.ctypes.data_as(ctypes.POINTER(c_uint64))
             p.namespaces_len = ns.shape[0]
@@ -531,7 +538,7 @@ class Kalos:
     def delete(self, ids: ArrayLike) -> int:
         """Deletes ids, all or nothing: an unknown id raises :class:`NotFoundError` and deletes
         nothing. Returns the number deleted."""
-        i = _u64_1d(np.atleast_1d(ids) if not isinstance(ids, np.ndarray) else ids)
+        i = _u64_1d(ids)
         out = c_uint64(0)
         h = self._enter()
         try:
@@ -578,7 +585,7 @@ class Kalos:
         Returns :class:`Records` with the vectors (as written), namespaces and payloads of each
         id in request order; pass ``vectors=False`` etc. to skip a part.
         """
-        i = _u64_1d(np.atleast_1d(ids) if not isinstance(ids, np.ndarray) else ids)
+        i = _u64_1d(ids)
         n = i.shape[0]
         vec = np.empty((n, self._dim), _F32) if vectors else None
         nss = np.empty(n, _U64) if namespaces else None
