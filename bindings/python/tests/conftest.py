@@ -66,3 +66,7 @@ def child_env() -> dict:
 
 
 PY = sys.executable
+
+
+def pytest_report_header(config):
+    return f"kalos {kalos.version()}: package {Path(kalos.__file__).parent}, library {kalos.library_path}"
