@@ -366,3 +366,11 @@ def load(path: Optional[Path] = None) -> ctypes.CDLL:
 
 lib: ctypes.CDLL = load()
 library_path: str = lib._name
+
+#: The same library (dlopen returns the same instance) with no argtypes declared, for the
+#: recall fast path in kalos/__init__.py, which passes ctypes objects of the prototype's exact
+#: types. Only restype is set; the functions used this way are listed in RAW_FUNCTIONS.
+lib_raw: ctypes.CDLL = ctypes.CDLL(library_path)
+RAW_FUNCTIONS = ("kalos_recall",)
+for _name in RAW_FUNCTIONS:
+    getattr(lib_raw, _name).restype = PROTOTYPES[_name][0]

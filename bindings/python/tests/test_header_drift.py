@@ -170,3 +170,19 @@ def test_struct_sizes_match_library():
 
 def test_version():
     assert re.match(r"\d+\.\d+\.\d+", kalos.version())
+
+
+def test_fast_path_frame_matches_prototype():
+    """The recall fast path calls without argtypes: its argument objects must have exactly the
+    prototype's ctypes types, one per parameter."""
+    _, args = _ffi.PROTOTYPES["kalos_recall"]
+    frame = kalos._Frame(0)
+    assert len(frame.args) == len(args) == len(header_prototypes()["kalos_recall"][1])
+    for obj, (ctype, t) in zip(frame.args, args):
+        if obj is None:
+            assert ctype.endswith("*")  # NULL params pointer
+        else:
+            assert type(obj) is t, (ctype, type(obj), t)
+    for name in _ffi.RAW_FUNCTIONS:
+        assert getattr(_ffi.lib_raw, name).restype is _ffi.PROTOTYPES[name][0]
+        assert getattr(_ffi.lib_raw, name).argtypes is None
