@@ -1,12 +1,13 @@
 /* C side of the Python-overhead benchmark (examples/python/bench_overhead.py).
  *
- * Attaches as a client to a running store, recalls the same query `iters` times and prints the
- * per-call latency percentiles. The query is the one bench_overhead.py uses:
- * q[i] = ((i * 7) % 13) / 13.0 - 0.5.
- *
- * Build: gcc -O2 -I include examples/python/bench_recall.c -L target/release -lkalos \
- *            -Wl,-rpath,$PWD/target/release -o /tmp/bench_recall
- * Run:   /tmp/bench_recall NAME ITERS K
+ * Two ways to use it:
+ * - as a program: attaches as a client to a running store, recalls the same query `iters`
+ *   times and prints the per-call latency percentiles (q[i] = ((i * 7) % 13) / 13.0 - 0.5).
+ *     gcc -O2 -I include examples/python/bench_recall.c -L target/release -lkalos \
+ *         -Wl,-rpath,$PWD/target/release -o /tmp/bench_recall && /tmp/bench_recall NAME ITERS K
+ * - as a shared library (-DBENCH_LIB -shared -fPIC): bench_overhead.py calls
+ *   kalos_bench_recall() on its own handle, in blocks alternating with blocks of Python
+ *   recalls, so both sides see the same server, handle, query and machine state.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,21 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Times `iters` kalos_recall calls on `h`; latencies (ns) go to lat[]. Returns the first failing
+ * status, or KALOS_OK. */
+kalos_status kalos_bench_recall(const kalos_handle *h, const float *q, uint32_t dim, uint32_t k, int iters,
+                                uint64_t *ids, float *scores, uint64_t *lat) {
+    size_t count = 0;
+    for (int i = 0; i < iters; i++) {
+        uint64_t t0 = now_ns();
+        kalos_status st = kalos_recall(h, q, dim, k, NULL, ids, k, scores, k, &count);
+        lat[i] = now_ns() - t0;
+        if (st != KALOS_OK) return st;
+    }
+    return KALOS_OK;
+}
+
+#ifndef BENCH_LIB
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s NAME ITERS K\n", argv[0]);
@@ -65,3 +81,4 @@ int main(int argc, char **argv) {
     kalos_close(h);
     return 0;
 }
+#endif
