@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from ctypes import addressof, byref, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -151,6 +152,23 @@ def _u64_1d(x: ArrayLike) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=_U64).reshape(-1)
 
 
+def _index(v: Any, what: str) -> int:
+    """An int from an int-like (numpy integers included); TypeError for floats and bools."""
+    if isinstance(v, bool):
+        raise TypeError(f"{what} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(v).__name__}") from None
+
+
+def _u64(v: Any, what: str) -> int:
+    i = _index(v, what)
+    if not 0 <= i < 1 << 64:
+        raise OverflowError(f"{what} must be in 0..2**64-1, got {i}")
+    return i
+
+
 def _check(rc: int) -> None:
     if rc:
         raise error_for(rc, _last_error().decode("utf-8", "replace"))
@@ -255,6 +273,8 @@ class Kalos:
         self._close_lock = threading.Lock()
         self._scratch = _Scratch()
         self._tls = threading.local()  # per-thread _Frame of the recall fast path
+        self._forked = False
+        _LIVE.add(self)
         d = c_uint32(0)
         _check(_lib.kalos_dim(handle, byref(d)))
         self._dim = d.value
@@ -331,8 +351,26 @@ class Kalos:
         self._active.append(None)
         if self._closing:
             self._active.pop()
-            raise ClosedError("CLOSED: the Kalos handle is closed", STATUS_CODES["CLOSED"])
+            raise self._closed_error()
         return self._h
+
+    def _closed_error(self) -> KalosError:
+        if self._forked:
+            return ClosedError(
+                "CLOSED: this handle was opened by the parent process before fork(); open the store again in the child",
+                STATUS_CODES["CLOSED"],
+            )
+        return ClosedError("CLOSED: the Kalos handle is closed", STATUS_CODES["CLOSED"])
+
+    def _disown_after_fork(self) -> None:
+        # In a forked child the handle's threads (the server thread, if this process ran the
+        # server) do not exist, and kalos_close would stop and unlink the parent's store.
+        # Mark it closed without calling into the library; the parent is unaffected.
+        self._forked = True
+        self._closing = True
+        self._h = 0
+        self._active = []
+        self._close_lock = threading.Lock()
 
     # -- recall ---------------------------------------------------------------------------------
 
@@ -415,7 +453,7 @@ class Kalos:
             self._active.append(None)
             try:
                 if self._closing:
-                    raise ClosedError("CLOSED: the Kalos handle is closed", STATUS_CODES["CLOSED"])
+                    raise self._closed_error()
                 rc = _recall_raw(*f.args)
             finally:
                 self._active.pop()
@@ -424,6 +462,7 @@ class Kalos:
             c = f.count.value
             return f.ids[:c].copy(), f.scores[:c].copy()
         # General path: filters, recency, per-call timeout, any array-like query.
+        k = _index(k, "k")
         q = _f32_1d(query)
         params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
@@ -449,6 +488,7 @@ class Kalos:
         return 0
 
     def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout):
+        k = _index(k, "k")
         q = _f32_1d(query)
         params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
@@ -493,6 +533,7 @@ class Kalos:
         counts ``(nq,)`` hits per row. Row i's hits are ``ids[i, :counts[i]]``; the rest of a
         row is padded with :data:`NO_ID` and NaN. Filters as in :meth:`recall`.
         """
+        k = _index(k, "k")
         q = _f32_c(queries)
         if q.ndim == 1:
             q = q.reshape(1, -1)
@@ -544,7 +585,7 @@ class Kalos:
         v = _f32_c(vectors)
         p = _ffi.kalos_upsert_params()
         _lib.kalos_upsert_params_init(byref(p))
-        p.namespace_id = namespace
+        p.namespace_id = _u64(namespace, "namespace")
         keep: List[Any] = []
         if namespaces is not None:
             ns = _u64_1d(namespaces)
@@ -600,7 +641,7 @@ class Kalos:
         out = c_uint64(0)
         h = self._enter()
         try:
-            rc = _lib.kalos_delete_namespace(h, namespace, addressof(out))
+            rc = _lib.kalos_delete_namespace(h, _u64(namespace, "namespace"), addressof(out))
         finally:
             self._active.pop()
         _check(rc)
@@ -687,6 +728,18 @@ class Kalos:
     def __len__(self) -> int:
         """Number of live memories (``stats()["count"]``)."""
         return int(self.stats()["count"])
+
+
+_LIVE: "weakref.WeakSet[Kalos]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for kv in list(_LIVE):
+        kv._disown_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _enum(value: Union[str, int], table: Dict[str, int], what: str) -> int:
