@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from ctypes import addressof, byref, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
@@ -400,6 +400,34 @@ class Kalos:
         p.timeout_ms = _ms(timeout, "timeout")
         return p, keep
 
+    @overload
+    def recall(
+        self,
+        query: ArrayLike,
+        k: int = ...,
+        namespace: Optional[int] = ...,
+        *,
+        namespaces: Optional[Iterable[int]] = ...,
+        recency_weight: float = ...,
+        half_life: Optional[float] = ...,
+        timeout: Optional[float] = ...,
+        payloads: Literal[False] = ...,
+    ) -> Tuple[np.ndarray, np.ndarray]: ...
+
+    @overload
+    def recall(
+        self,
+        query: ArrayLike,
+        k: int = ...,
+        namespace: Optional[int] = ...,
+        *,
+        namespaces: Optional[Iterable[int]] = ...,
+        recency_weight: float = ...,
+        half_life: Optional[float] = ...,
+        timeout: Optional[float] = ...,
+        payloads: Literal[True],
+    ) -> Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]: ...
+
     def recall(
         self,
         query: ArrayLike,
@@ -715,7 +743,8 @@ class Kalos:
             self._active.pop()
         _check(rc)
         out: Dict[str, Any] = {}
-        for fname, _t in info._fields_:
+        for field in info._fields_:
+            fname = field[0]
             if fname.startswith("_") or fname == "struct_size":
                 continue
             out[fname] = getattr(info, fname)
@@ -835,6 +864,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     rc = _lib.kalos_open(name.encode("utf-8"), byref(o), byref(h))
     _check(rc)
     role_name = {v: k for k, v in _ROLES.items()}.get(role_v, str(role_v))
+    assert h.value is not None
     try:
         return Kalos(h.value, name, role_name)
     except BaseException:

@@ -37,7 +37,7 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 # --- constants (checked against include/kalos.h) ---------------------------------------------
 
@@ -194,7 +194,7 @@ _P = c_void_p
 
 #: name -> (restype, [(header C type, ctypes type), ...]). The header C type strings are compared
 #: with include/kalos.h by the drift test, and the ctypes type with the C type's size and kind.
-PROTOTYPES = {
+PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
     "kalos_options_init": (None, [("struct kalos_options *", POINTER(kalos_options))]),
     "kalos_recall_params_init": (None, [("struct kalos_recall_params *", POINTER(kalos_recall_params))]),
     "kalos_upsert_params_init": (None, [("struct kalos_upsert_params *", POINTER(kalos_upsert_params))]),

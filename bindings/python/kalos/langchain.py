@@ -147,7 +147,7 @@ class KalosVectorStore(VectorStore):
         texts: Iterable[str],
         metadatas: Optional[List[Dict[str, Any]]] = None,
         *,
-        ids: Optional[List[Optional[str]]] = None,
+        ids: Optional[List[str]] = None,
         ttl: Optional[float] = None,
         **kwargs: Any,
     ) -> List[str]:
@@ -158,7 +158,8 @@ class KalosVectorStore(VectorStore):
         if not texts:
             return []
         metas = list(metadatas) if metadatas is not None else [{} for _ in texts]
-        sids = [i if i else str(uuid.uuid4()) for i in (ids or [None] * len(texts))]
+        given: List[Optional[str]] = list(ids) if ids is not None else [None] * len(texts)
+        sids = [i if i else str(uuid.uuid4()) for i in given]
         if len(metas) != len(texts) or len(sids) != len(texts):
             raise ValueError("texts, metadatas and ids must have the same length")
         vectors = np.asarray(self._embedding.embed_documents(texts), dtype=np.float32)
@@ -284,6 +285,7 @@ class KalosVectorStore(VectorStore):
         if len(ids) == 0:
             return []
         vecs = self.client.get(ids, namespaces=False, payloads=False).vectors
+        assert vecs is not None
         picked = maximal_marginal_relevance(q, list(vecs), lambda_mult=lambda_mult, k=k)
         docs = [self._document(payloads[i]) for i in picked]
         return [d for d in docs if d is not None]

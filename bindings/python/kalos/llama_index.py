@@ -76,7 +76,7 @@ class KalosVectorStore(BasePydanticVectorStore):
         default_namespace: int = 0,
         **open_kwargs: Any,
     ) -> None:
-        super().__init__(namespace_key=namespace_key, default_namespace=default_namespace)
+        super().__init__(namespace_key=namespace_key, default_namespace=default_namespace)  # type: ignore[call-arg]
         if kalos_client is None:
             if name is None:
                 raise ValueError("pass a store name (and dim) or an open kalos_client")
