@@ -105,7 +105,8 @@ def test_from_texts_ttl_and_store_metadata_off():
         import time
 
         time.sleep(0.3)
-        assert s.get_by_ids(["t"]) == [] or True  # expired memories may still be fetched by id
+        # Not asserted: the core currently still returns expired memories from get (and counts
+        # them in stats) although recall skips them; reported to the core.
         assert "short-lived" not in [d.page_content for d in s.similarity_search("short-lived", k=5)]
     finally:
         s.close()
