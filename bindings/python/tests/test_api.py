@@ -275,3 +275,42 @@ def test_library_discovery(monkeypatch, tmp_path):
         with pytest.raises(OSError, match="KALOS_LIBRARY"):
             _ffi.find_library()
     assert kalos.version() and kalos.status_name(12) == "SERVER_GONE" and kalos.status_name(999) == "UNKNOWN"
+
+
+def test_discovery_order_in_subprocesses(tmp_path):
+    """bundled > KALOS_LIBRARY > cargo target dir, each checked in a fresh interpreter."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    real = Path(kalos.library_path).resolve()
+    pkg_src = Path(kalos.__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k not in ("KALOS_LIBRARY", "CARGO_TARGET_DIR", "PYTHONPATH")}
+
+    def loaded(pythonpath, cwd, **extra):
+        out = subprocess.run([sys.executable, "-c", "import kalos; print(kalos.library_path)"], cwd=cwd,
+                             env={**env, "PYTHONPATH": str(pythonpath), **extra}, capture_output=True, text=True)
+        return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
+
+    plain = tmp_path / "plain"
+    shutil.copytree(pkg_src, plain / "kalos", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    other = tmp_path / "other" / "libkalos.so"
+    other.parent.mkdir()
+    shutil.copy(real, other)
+    repo = Path(__file__).resolve().parents[3]
+    # 3. cargo target dir of the checkout (found from the working directory), release first
+    built = [p for p in (repo / "target" / "release" / "libkalos.so", repo / "target" / "debug" / "libkalos.so") if p.is_file()]
+    if built:
+        assert loaded(plain, repo) == str(built[0])
+    # nothing anywhere: a clear error
+    assert "libkalos.so not found" in loaded(plain, tmp_path)
+    # 2. KALOS_LIBRARY beats the target dir
+    assert loaded(plain, repo, KALOS_LIBRARY=str(other)) == str(other)
+    assert "does not name an existing file" in loaded(plain, repo, KALOS_LIBRARY=str(tmp_path / "nope.so"))
+    # 1. bundled beats KALOS_LIBRARY
+    bundled = tmp_path / "bundled"
+    shutil.copytree(plain, bundled)
+    shutil.copy(real, bundled / "kalos" / "libkalos.so")
+    assert loaded(bundled, repo, KALOS_LIBRARY=str(other)) == str(bundled / "kalos" / "libkalos.so")
