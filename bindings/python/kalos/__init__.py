@@ -276,7 +276,10 @@ class Kalos:
         self._forked = False
         _LIVE.add(self)
         d = c_uint32(0)
-        _check(_lib.kalos_dim(handle, byref(d)))
+        rc = _lib.kalos_dim(handle, byref(d))
+        if rc:
+            self._h = 0  # the caller (open) closes the handle; __del__ must not close it again
+            _check(rc)
         self._dim = d.value
 
     # -- lifecycle ------------------------------------------------------------------------------
