@@ -1,0 +1,875 @@
+"""Kalos: a memory-recall sidecar for LLM applications (Python binding).
+
+Quick start (the embedded default: with no server running, the first ``open`` becomes it)::
+
+    import numpy as np, kalos
+
+    with kalos.open("chat", dim=384) as kv:
+        kv.upsert([1, 2], np.random.rand(2, 384), namespace=7, payloads=[b"a", "b"])
+        ids, scores = kv.recall(np.random.rand(384), k=2, namespace=7)
+        ids, scores, payloads = kv.recall(q, k=2, payloads=True)
+
+Arrays: C-contiguous ``float32`` vectors (and ``uint64`` ids) are passed to the library by
+pointer with no copy. Anything else (float64, lists, strided views, Fortran order) is converted
+**once** per call with ``np.ascontiguousarray(x, dtype=np.float32)``.
+
+Units: the Python API takes seconds (``ttl``, ``expires_at`` as unix seconds, ``timeout``,
+``half_life``), like :mod:`time` and :mod:`threading`; they become milliseconds for the C API.
+
+Threads: a :class:`Kalos` object may be used from many threads at once; every call releases the
+GIL while it waits for the server. :meth:`Kalos.close` waits for calls in flight on other
+threads and then frees the handle; any later call raises :class:`ClosedError`.
+
+Errors: every failing C status raises its own :class:`KalosError` subclass (see
+:mod:`kalos.errors`), with the library's message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import os
+import sys
+import threading
+import time
+import weakref
+from ctypes import addressof, byref, c_size_t, c_uint32, c_uint64, c_void_p
+from typing import Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union, overload
+
+import numpy as np
+
+from . import _ffi
+from ._ffi import (
+    KALOS_MAX_FILTER_NAMESPACES,
+    KALOS_MAX_K,
+    KALOS_NO_PAYLOAD,
+    STATUS_CODES,
+    library_path,
+)
+from .errors import *  # noqa: F401,F403  (every KalosError subclass)
+from .errors import ERRORS_BY_STATUS, ClosedError, KalosError, KOutOfRangeError, error_for
+
+__all__ = [
+    "open",
+    "Kalos",
+    "Records",
+    "KalosError",
+    "ERRORS_BY_STATUS",
+    "NO_ID",
+    "MAX_K",
+    "MAX_FILTER_NAMESPACES",
+    "version",
+    "library_path",
+    "status_name",
+] + [c.__name__ for c in ERRORS_BY_STATUS.values()]
+
+_lib = _ffi.lib
+_recall = _lib.kalos_recall
+_recall_raw = _ffi.lib_raw.kalos_recall
+_last_error = _lib.kalos_last_error
+
+MAX_K: int = KALOS_MAX_K
+MAX_FILTER_NAMESPACES: int = KALOS_MAX_FILTER_NAMESPACES
+#: Id used to pad rows of :meth:`Kalos.recall_batch` that have fewer than k hits.
+NO_ID: int = 2**64 - 1
+
+_F32 = np.dtype(np.float32)
+_U64 = np.dtype(np.uint64)
+_U32 = np.dtype(np.uint32)
+_NDARRAY = np.ndarray
+
+_ROLES = {"auto": _ffi.KALOS_ROLE_AUTO, "server": _ffi.KALOS_ROLE_SERVER, "client": _ffi.KALOS_ROLE_CLIENT}
+_METRICS = {"ip": _ffi.KALOS_METRIC_IP, "cosine": _ffi.KALOS_METRIC_COSINE, "l2": _ffi.KALOS_METRIC_L2}
+_DTYPES = {"f32": _ffi.KALOS_DTYPE_F32, "f16": _ffi.KALOS_DTYPE_F16, "bf16": _ffi.KALOS_DTYPE_BF16}
+_BACKENDS = {"auto": _ffi.KALOS_BACKEND_AUTO, "cpu": _ffi.KALOS_BACKEND_CPU, "cuda": _ffi.KALOS_BACKEND_CUDA}
+_SYNCS = {"always": _ffi.KALOS_SYNC_ALWAYS, "interval": _ffi.KALOS_SYNC_INTERVAL, "never": _ffi.KALOS_SYNC_NEVER}
+_METRIC_NAMES = {v: k for k, v in _METRICS.items()}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+
+ArrayLike = Any  # numpy.typing.ArrayLike without importing numpy.typing at run time
+Payload = Union[bytes, bytearray, memoryview, str, None]
+
+
+# --- fast data-pointer access --------------------------------------------------------------
+#
+# `ndarray.ctypes.data` builds a helper object per call (about 1 µs, more on a busy machine),
+# which alone would eat a third of the 3 µs overhead budget. numpy's PyArrayObject starts with
+# PyObject_HEAD followed by `char *data`, so the data pointer sits right after the object
+# header. The offset is verified at import on several arrays; if it does not hold (a
+# free-threaded or otherwise different build) the slow, always-correct path is used.
+
+_from_address = c_void_p.from_address
+_DATA_OFFSET = 2 * ctypes.sizeof(c_void_p)
+
+
+def _verify_data_offset() -> bool:
+    try:
+        probes = [np.empty(3, _F32), np.arange(10, dtype=_U64)[3:], np.zeros((4, 5), _F32)[1]]
+        return all(_from_address(id(a) + _DATA_OFFSET).value == a.ctypes.data for a in probes)
+    except Exception:  # pragma: no cover
+        return False
+
+
+if _verify_data_offset():
+
+    def _addr(a: np.ndarray) -> int:
+        return _from_address(id(a) + _DATA_OFFSET).value or 0
+
+else:  # pragma: no cover
+
+    def _addr(a: np.ndarray) -> int:
+        return a.ctypes.data
+
+
+def _f32_1d(x: ArrayLike) -> np.ndarray:
+    """A C-contiguous float32 1-D view of x: no copy when it already is one."""
+    if type(x) is _NDARRAY and x.dtype is _F32 and x.ndim == 1 and x.flags.c_contiguous:
+        return x
+    return np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+
+
+def _f32_c(x: ArrayLike) -> np.ndarray:
+    if type(x) is _NDARRAY and x.dtype is _F32 and x.flags.c_contiguous:
+        return x
+    return np.ascontiguousarray(x, dtype=_F32)
+
+
+def _u64_1d(x: ArrayLike) -> np.ndarray:
+    if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous:
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind in "fO" and not isinstance(x, np.ndarray):
+        # Python ints >= 2**63 make numpy infer float64 or object: convert them exactly.
+        vals = [operator.index(v) for v in np.ravel(np.array(x, dtype=object))]
+        if any(v < 0 or v >= 1 << 64 for v in vals):
+            raise OverflowError("ids and namespaces are unsigned 64-bit integers (0 <= v < 2**64)")
+        return np.array(vals, dtype=_U64)
+    if a.dtype.kind == "i" and a.size and a.min() < 0:
+        raise OverflowError("ids and namespaces are unsigned 64-bit integers; got a negative value")
+    if a.dtype.kind not in "iub" and a.size:
+        raise TypeError(f"ids and namespaces must be integers, got dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=_U64).reshape(-1)
+
+
+def _index(v: Any, what: str) -> int:
+    """An int from an int-like (numpy integers included); TypeError for floats and bools."""
+    if isinstance(v, bool):
+        raise TypeError(f"{what} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(v).__name__}") from None
+
+
+def _u64(v: Any, what: str) -> int:
+    i = _index(v, what)
+    if not 0 <= i < 1 << 64:
+        raise OverflowError(f"{what} must be in 0..2**64-1, got {i}")
+    return i
+
+
+def _check(rc: int) -> None:
+    if rc:
+        raise error_for(rc, _last_error().decode("utf-8", "replace"))
+
+
+def _ms(seconds: Optional[float], what: str) -> int:
+    """Seconds -> whole milliseconds (>= 1 for any positive value); None -> 0 (the default)."""
+    if seconds is None:
+        return 0
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"{what} must be a non-negative number of seconds, got {seconds!r}")
+    ms = int(round(seconds * 1000.0))
+    return max(ms, 1) if seconds > 0 else 0
+
+
+def status_name(status: int) -> str:
+    """The stable name of a status code (``kalos_status_str``), e.g. ``"SERVER_GONE"``."""
+    return _lib.kalos_status_str(status).decode()
+
+
+def version() -> str:
+    """The version of the loaded ``libkalos.so``."""
+    return _lib.kalos_version().decode()
+
+
+class Records(NamedTuple):
+    """Result of :meth:`Kalos.get`: one row per requested id, in request order."""
+
+    ids: np.ndarray  #: uint64, shape (n,)
+    vectors: Optional[np.ndarray]  #: float32, shape (n, dim), or None if not requested
+    namespaces: Optional[np.ndarray]  #: uint64, shape (n,), or None if not requested
+    payloads: Optional[List[Optional[bytes]]]  #: bytes or None per id, or None if not requested
+
+
+class _Scratch(threading.local):
+    """Per-thread reusable payload buffer (grown on demand, never shared between threads)."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(64 * 1024, np.uint8)
+        self.needed = c_size_t(0)
+
+
+class _Frame:
+    """Pre-built ``kalos_recall`` arguments of one thread on one handle (the fast path).
+
+    A ctypes call with ``argtypes`` converts every Python argument through ``from_param``
+    (about 0.1 µs each, 10 arguments). The fast path instead calls a second binding of the same
+    function without ``argtypes``, passing ctypes objects of exactly the prototype's types
+    (checked by tests/test_header_drift.py): only the query pointer, its length and k change
+    per call (``.value`` stores), and results land in per-thread buffers of ``KALOS_MAX_K``
+    entries that are copied out (a copy of ≤ k elements is cheaper than allocating two arrays
+    and extracting their addresses).
+    """
+
+    __slots__ = ("q", "qlen", "k", "ids", "scores", "count", "args")
+
+    def __init__(self, handle: int) -> None:
+        self.q = c_void_p(0)
+        self.qlen = c_size_t(0)
+        self.k = c_uint32(0)
+        self.ids = np.empty(KALOS_MAX_K, _U64)
+        self.scores = np.empty(KALOS_MAX_K, _F32)
+        self.count = c_size_t(0)
+        self.args = (
+            c_void_p(handle), self.q, self.qlen, self.k, None,
+            c_void_p(self.ids.ctypes.data), c_size_t(KALOS_MAX_K),
+            c_void_p(self.scores.ctypes.data), c_size_t(KALOS_MAX_K),
+            c_void_p(addressof(self.count)),
+        )
+
+
+def _split_payloads(buf: np.ndarray, lens: np.ndarray) -> List[Optional[bytes]]:
+    out: List[Optional[bytes]] = []
+    raw = buf.data
+    off = 0
+    for n in lens.tolist():
+        if n == KALOS_NO_PAYLOAD:
+            out.append(None)
+        else:
+            out.append(bytes(raw[off : off + n]))
+            off += n
+    return out
+
+
+class Kalos:
+    """An open Kalos store (a ``kalos_handle``). Create it with :func:`kalos.open`.
+
+    Thread-safe: any number of threads may call its methods at once. Use it as a context
+    manager, or call :meth:`close`; after close every method raises :class:`ClosedError`.
+    """
+
+    def __init__(self, handle: int, name: str, role: str) -> None:
+        self._h: int = handle
+        self._name = name
+        self._role = role
+        # Calls in flight: a list used as an atomic counter (append/pop are atomic under the
+        # GIL). A call appends, then checks _closing; close() sets _closing, then waits for the
+        # list to empty. Under the GIL's sequential consistency either the call sees _closing
+        # (and backs out) or close() sees the call (and waits): kalos_close never races a call.
+        self._active: List[None] = []
+        self._closing = False
+        self._close_lock = threading.Lock()
+        self._scratch = _Scratch()
+        self._tls = threading.local()  # per-thread _Frame of the recall fast path
+        self._forked = False
+        _LIVE.add(self)
+        d = c_uint32(0)
+        rc = _lib.kalos_dim(handle, byref(d))
+        if rc:
+            self._h = 0  # the caller (open) closes the handle; __del__ must not close it again
+            _check(rc)
+        self._dim = d.value
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The store name."""
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        """The vector dimension of the store."""
+        return self._dim
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._closing
+
+    @property
+    def is_server(self) -> bool:
+        """True when this process runs the store's server (role server, or auto that created it)."""
+        return self.stats()["server_pid"] == os.getpid()
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Closes the handle. Idempotent.
+
+        Waits for calls in flight on other threads to return (each has its own deadline), then
+        calls ``kalos_close``. If this handle runs the server, the server stops, the store's
+        name is removed and clients of other processes get :class:`ServerGoneError`.
+        ``timeout`` (seconds, default: forever) bounds the wait for calls in flight; if it
+        passes, :class:`KalosTimeoutError` is raised and the handle stays open but refuses new
+        calls.
+        """
+        with self._close_lock:
+            if self._h == 0:
+                return
+            self._closing = True
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._active:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ERRORS_BY_STATUS[STATUS_CODES["TIMEOUT"]](
+                        f"TIMEOUT: {len(self._active)} call(s) still in flight after {timeout} s"
+                    )
+                time.sleep(0.0005)
+            h, self._h = self._h, 0
+            _lib.kalos_close(h)
+
+    def __enter__(self) -> "Kalos":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_h", 0) and not self._active:
+                h, self._h = self._h, 0
+                self._closing = True
+                _lib.kalos_close(h)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Kalos handle cannot be pickled; open the store by name in each process")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closing else "open"
+        return f"<kalos.Kalos name={self._name!r} dim={self._dim} {state}>"
+
+    def _enter(self) -> int:
+        self._active.append(None)
+        if self._closing:
+            self._active.pop()
+            raise self._closed_error()
+        return self._h
+
+    def _closed_error(self) -> KalosError:
+        if self._forked:
+            return ClosedError(
+                "CLOSED: this handle was opened by the parent process before fork(); open the store again in the child",
+                STATUS_CODES["CLOSED"],
+            )
+        return ClosedError("CLOSED: the Kalos handle is closed", STATUS_CODES["CLOSED"])
+
+    def _disown_after_fork(self) -> None:
+        # In a forked child the handle's threads (the server thread, if this process ran the
+        # server) do not exist, and kalos_close would stop and unlink the parent's store.
+        # Mark it closed without calling into the library; the parent is unaffected.
+        self._forked = True
+        self._closing = True
+        self._h = 0
+        self._active = []
+        self._close_lock = threading.Lock()
+
+    # -- recall ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _recall_params(
+        namespace: Optional[int],
+        namespaces: Optional[Iterable[int]],
+        recency_weight: float,
+        half_life: Optional[float],
+        timeout: Optional[float],
+    ) -> Tuple[Optional[_ffi.kalos_recall_params], Any]:
+        if namespace is None and namespaces is None and not recency_weight and timeout is None:
+            return None, None
+        p = _ffi.kalos_recall_params()
+        _lib.kalos_recall_params_init(byref(p))
+        keep = None
+        if namespace is not None or namespaces is not None:
+            ns = [namespace] if namespace is not None else []
+            if namespaces is not None:
+                ns.extend(namespaces)
+            keep = _u64_1d(ns)
+            p.namespaces = keep.ctypes.data_as(ctypes.POINTER(c_uint64))
+            p.namespaces_len = keep.shape[0]
+        if recency_weight:
+            p.recency_weight = recency_weight
+            p.recency_half_life_ms = (half_life or 0.0) * 1000.0
+        p.timeout_ms = _ms(timeout, "timeout")
+        return p, keep
+
+    @overload
+    def recall(
+        self,
+        query: ArrayLike,
+        k: int = ...,
+        namespace: Optional[int] = ...,
+        *,
+        namespaces: Optional[Iterable[int]] = ...,
+        recency_weight: float = ...,
+        half_life: Optional[float] = ...,
+        timeout: Optional[float] = ...,
+        payloads: Literal[False] = ...,
+    ) -> Tuple[np.ndarray, np.ndarray]: ...
+
+    @overload
+    def recall(
+        self,
+        query: ArrayLike,
+        k: int = ...,
+        namespace: Optional[int] = ...,
+        *,
+        namespaces: Optional[Iterable[int]] = ...,
+        recency_weight: float = ...,
+        half_life: Optional[float] = ...,
+        timeout: Optional[float] = ...,
+        payloads: Literal[True],
+    ) -> Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]: ...
+
+    def recall(
+        self,
+        query: ArrayLike,
+        k: int = 10,
+        namespace: Optional[int] = None,
+        *,
+        namespaces: Optional[Iterable[int]] = None,
+        recency_weight: float = 0.0,
+        half_life: Optional[float] = None,
+        timeout: Optional[float] = None,
+        payloads: bool = False,
+    ) -> Union[Tuple[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]]:
+        """Top-``k`` memories most similar to ``query``.
+
+        Args:
+            query: ``dim`` floats (C-contiguous float32 passes with no copy).
+            k: 1 to :data:`MAX_K` (1024).
+            namespace: only memories of this namespace (``namespaces``: any of these, ≤ 64).
+            recency_weight: w in [0, 1]; score' = (1-w)·score + w·2^(-age/half_life).
+            half_life: recency half-life in seconds (> 0 when recency_weight > 0).
+            timeout: deadline of this call in seconds (default: the handle's).
+            payloads: also return each hit's payload (bytes, or None).
+
+        Returns:
+            ``(ids, scores)``: uint64 and float32 arrays of ``min(k, matches)`` hits, best first
+            (cosine/ip: higher is better; l2: squared distance, lower is better), and
+            ``payloads`` as a third item when asked for.
+        """
+        if payloads:
+            return self._recall_payloads(query, k, namespace, namespaces, recency_weight, half_life, timeout)
+        # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous float32
+        # query, and a per-thread pre-built argument frame (see _Frame).
+        if (
+            namespace is None
+            and namespaces is None
+            and not recency_weight
+            and timeout is None
+            and type(query) is _NDARRAY
+            and query.dtype is _F32
+            and query.ndim == 1
+            and query.flags.c_contiguous
+            and 0 < k <= KALOS_MAX_K
+        ):
+            try:
+                f = self._tls.frame
+            except AttributeError:
+                f = self._tls.frame = _Frame(self._h)
+            f.q.value = _addr(query)
+            f.qlen.value = len(query)
+            f.k.value = k
+            self._active.append(None)
+            try:
+                if self._closing:
+                    raise self._closed_error()
+                rc = _recall_raw(*f.args)
+            finally:
+                self._active.pop()
+            if rc:
+                _check(rc)
+            c = f.count.value
+            return f.ids[:c].copy(), f.scores[:c].copy()
+        # General path: filters, recency, per-call timeout, any array-like query.
+        k = _index(k, "k")
+        q = _f32_1d(query)
+        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
+        n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
+        ids = np.empty(n + 1, _U64)  # the extra last element receives the hit count (size_t)
+        scores = np.empty(n, _F32)
+        ia = _addr(ids)
+        h = self._enter()
+        try:
+            rc = _recall(h, _addr(q), q.shape[0], k, params and addressof(params), ia, n, _addr(scores), n, ia + 8 * n)
+        finally:
+            self._active.pop()
+        _check(rc)
+        c = int(ids[n])
+        return ids[:c], scores[:c]
+
+    @staticmethod
+    def _bad_k(k: int) -> int:
+        """Buffer length for a k the library will reject (it reports K_OUT_OF_RANGE itself)."""
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+            raise TypeError(f"k must be an int, got {type(k).__name__}")
+        if k < 0 or k > 0xFFFFFFFF:
+            raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k} is not in 1..={KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
+        return 0
+
+    def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout):
+        k = _index(k, "k")
+        q = _f32_1d(query)
+        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
+        n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
+        ids = np.empty(n, _U64)
+        scores = np.empty(n, _F32)
+        lens = np.empty(n, _U32)
+        count = c_size_t(0)
+        s = self._scratch
+        for _ in range(8):
+            h = self._enter()
+            try:
+                rc = _lib.kalos_recall_payloads(
+                    h, _addr(q), q.shape[0], k, params and addressof(params),
+                    _addr(ids), n, _addr(scores), n,
+                    _addr(s.buf), s.buf.shape[0], _addr(lens), n,
+                    addressof(count), addressof(s.needed),
+                )
+            finally:
+                self._active.pop()
+            if rc == STATUS_CODES["BUFFER_TOO_SMALL"] and s.needed.value > s.buf.shape[0]:
+                s.buf = np.empty(max(s.needed.value, 2 * s.buf.shape[0]), np.uint8)
+                continue  # the table changed between calls at worst: retry with a larger buffer
+            _check(rc)
+            c = count.value
+            return ids[:c], scores[:c], _split_payloads(s.buf, lens[:c])
+        raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: payloads kept growing")  # pragma: no cover
+
+    def recall_batch(
+        self,
+        queries: ArrayLike,
+        k: int = 10,
+        namespace: Optional[int] = None,
+        *,
+        namespaces: Optional[Iterable[int]] = None,
+        recency_weight: float = 0.0,
+        half_life: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top-``k`` for each row of ``queries`` (shape ``(nq, dim)``), run as one batch.
+
+        Returns ``(ids, scores, counts)``: ids uint64 ``(nq, k)``, scores float32 ``(nq, k)``,
+        counts ``(nq,)`` hits per row. Row i's hits are ``ids[i, :counts[i]]``; the rest of a
+        row is padded with :data:`NO_ID` and NaN. Filters as in :meth:`recall`.
+        """
+        k = _index(k, "k")
+        q = _f32_c(queries)
+        if q.ndim == 1:
+            q = q.reshape(1, -1)
+        nq = q.shape[0] if q.ndim >= 1 else 0
+        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
+        n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
+        ids = np.full((nq, n), NO_ID, _U64)
+        scores = np.full((nq, n), np.nan, _F32)
+        counts = np.zeros(nq, np.uintp)
+        h = self._enter()
+        try:
+            rc = _lib.kalos_recall_batch(
+                h, _addr(q), q.size, nq, k, params and addressof(params),
+                _addr(ids), ids.size, _addr(scores), scores.size, _addr(counts), nq,
+            )
+        finally:
+            self._active.pop()
+        _check(rc)
+        return ids, scores, counts.astype(np.int64)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def upsert(
+        self,
+        ids: ArrayLike,
+        vectors: ArrayLike,
+        *,
+        namespace: int = 0,
+        namespaces: Optional[ArrayLike] = None,
+        payloads: Optional[Sequence[Payload]] = None,
+        ttl: Optional[float] = None,
+        expires_at: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Inserts or replaces memories (a repeated id within one call: the last one wins).
+
+        Args:
+            ids: n uint64 ids (a single int is one id).
+            vectors: n × dim floats (shape ``(n, dim)``, or ``(dim,)`` for one id).
+            namespace: namespace of every item; or ``namespaces``: one per item.
+            payloads: one per item: bytes, str (stored UTF-8) or None (no payload).
+            ttl: time to live in seconds; or ``expires_at``: absolute expiry, unix seconds.
+            timeout: deadline of this call in seconds.
+
+        Returns once the write is applied (and durable, with a data directory): every later
+        recall from any process sees it.
+        """
+        i = _u64_1d(ids)
+        v = _f32_c(vectors)
+        p = _ffi.kalos_upsert_params()
+        _lib.kalos_upsert_params_init(byref(p))
+        p.namespace_id = _u64(namespace, "namespace")
+        keep: List[Any] = []
+        if namespaces is not None:
+            ns = _u64_1d(namespaces)
+            keep.append(ns)
+            p.namespaces = ns.ctypes.data_as(ctypes.POINTER(c_uint64))
+            p.namespaces_len = ns.shape[0]
+        if payloads is not None:
+            if isinstance(payloads, (bytes, str)):
+                raise TypeError("payloads must be a sequence with one payload per id")
+            chunks: List[bytes] = []
+            lens = np.empty(len(payloads), _U32)
+            for j, pl in enumerate(payloads):
+                if pl is None:
+                    lens[j] = KALOS_NO_PAYLOAD
+                    continue
+                b = pl.encode("utf-8") if isinstance(pl, str) else bytes(pl)
+                if len(b) >= KALOS_NO_PAYLOAD:
+                    raise ERRORS_BY_STATUS[STATUS_CODES["PAYLOAD_TOO_LARGE"]](f"PAYLOAD_TOO_LARGE: payload {j} is {len(b)} bytes")
+                lens[j] = len(b)
+                chunks.append(b)
+            blob = np.frombuffer(b"".join(chunks) or b"\0", np.uint8)
+            keep += [blob, lens]
+            p.payloads = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+            p.payloads_len = sum(len(c) for c in chunks)
+            p.payload_lens = lens.ctypes.data_as(ctypes.POINTER(c_uint32))
+            p.payload_lens_len = lens.shape[0]
+        p.ttl_ms = _ms(ttl, "ttl")
+        if expires_at is not None:
+            p.expires_at_ms = max(int(expires_at * 1000.0), 1)
+        p.timeout_ms = _ms(timeout, "timeout")
+        h = self._enter()
+        try:
+            rc = _lib.kalos_upsert(h, _addr(i), i.shape[0], _addr(v), v.size, addressof(p))
+        finally:
+            self._active.pop()
+        _check(rc)
+
+    def delete(self, ids: ArrayLike) -> int:
+        """Deletes ids, all or nothing: an unknown id raises :class:`NotFoundError` and deletes
+        nothing. Returns the number deleted."""
+        i = _u64_1d(ids)
+        out = c_uint64(0)
+        h = self._enter()
+        try:
+            rc = _lib.kalos_delete(h, _addr(i), i.shape[0], addressof(out))
+        finally:
+            self._active.pop()
+        _check(rc)
+        return out.value
+
+    def delete_namespace(self, namespace: int) -> int:
+        """Deletes every memory of a namespace; returns how many."""
+        out = c_uint64(0)
+        h = self._enter()
+        try:
+            rc = _lib.kalos_delete_namespace(h, _u64(namespace, "namespace"), addressof(out))
+        finally:
+            self._active.pop()
+        _check(rc)
+        return out.value
+
+    def clear(self) -> int:
+        """Deletes every memory; returns how many."""
+        out = c_uint64(0)
+        h = self._enter()
+        try:
+            rc = _lib.kalos_clear(h, addressof(out))
+        finally:
+            self._active.pop()
+        _check(rc)
+        return out.value
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def get(
+        self,
+        ids: ArrayLike,
+        *,
+        vectors: bool = True,
+        namespaces: bool = True,
+        payloads: bool = True,
+    ) -> Records:
+        """Fetches memories by id (all must exist, else :class:`NotFoundError`).
+
+        Returns :class:`Records` with the vectors (as written), namespaces and payloads of each
+        id in request order; pass ``vectors=False`` etc. to skip a part.
+        """
+        i = _u64_1d(ids)
+        n = i.shape[0]
+        vec = np.empty((n, self._dim), _F32) if vectors else None
+        nss = np.empty(n, _U64) if namespaces else None
+        lens = np.empty(n, _U32) if payloads else None
+        s = self._scratch
+        for _ in range(8):
+            buf = s.buf if payloads else None
+            h = self._enter()
+            try:
+                rc = _lib.kalos_get(
+                    h, _addr(i), n,
+                    _addr(vec) if vec is not None else None, vec.size if vec is not None else 0,
+                    _addr(nss) if nss is not None else None, n if nss is not None else 0,
+                    _addr(buf) if buf is not None else None, buf.shape[0] if buf is not None else 0,
+                    _addr(lens) if lens is not None else None, n if lens is not None else 0,
+                    addressof(s.needed),
+                )
+            finally:
+                self._active.pop()
+            if rc == STATUS_CODES["BUFFER_TOO_SMALL"] and payloads and s.needed.value > s.buf.shape[0]:
+                s.buf = np.empty(max(s.needed.value, 2 * s.buf.shape[0]), np.uint8)
+                continue
+            _check(rc)
+            pls = _split_payloads(s.buf, lens) if lens is not None else None
+            return Records(i.copy() if i is ids else i, vec, nss, pls)
+        raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: payloads kept growing")  # pragma: no cover
+
+    def stats(self) -> Dict[str, Any]:
+        """Server statistics as a dict (``count``, ``capacity``, ``dim``, ``metric``, ``engine``,
+        ``engine_name``, ``requests``, ``queries``, ``batches``, ``errors``, ``p50_ns``,
+        ``p99_ns``, ``queue_depth``, ``server_pid``, ``epoch``, ``payload_bytes``,
+        ``uptime_ms``, ``engine_fallbacks``, ...)."""
+        info = _ffi.kalos_stats_info()
+        info.struct_size = ctypes.sizeof(info)
+        h = self._enter()
+        try:
+            rc = _lib.kalos_stats(h, byref(info))
+        finally:
+            self._active.pop()
+        _check(rc)
+        out: Dict[str, Any] = {}
+        for field in info._fields_:
+            fname = field[0]
+            if fname.startswith("_") or fname == "struct_size":
+                continue
+            out[fname] = getattr(info, fname)
+        out["engine_name"] = info.engine_name.decode("utf-8", "replace")
+        out["engine"] = _BACKEND_NAMES.get(info.engine, str(info.engine))
+        out["metric"] = _METRIC_NAMES.get(info.metric, str(info.metric))
+        out["dtype"] = _DTYPE_NAMES.get(info.dtype, str(info.dtype))
+        return out
+
+    def __len__(self) -> int:
+        """Number of live memories (``stats()["count"]``)."""
+        return int(self.stats()["count"])
+
+
+_LIVE: "weakref.WeakSet[Kalos]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for kv in list(_LIVE):
+        kv._disown_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _enum(value: Union[str, int], table: Dict[str, int], what: str) -> int:
+    if isinstance(value, str):
+        try:
+            return table[value.lower()]
+        except KeyError:
+            raise ValueError(f"unknown {what} {value!r}; expected one of {sorted(table)}") from None
+    return int(value)
+
+
+def open(  # noqa: A001 - `kalos.open` is the documented entry point
+    name: str,
+    *,
+    dim: int = 0,
+    metric: Union[str, int] = "cosine",
+    role: Union[str, int] = "auto",
+    dtype: Union[str, int] = "f32",
+    backend: Union[str, int] = "auto",
+    capacity: Optional[int] = None,
+    timeout: Optional[float] = None,
+    data_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+    sync: Union[str, int] = "always",
+    sync_interval: Optional[float] = None,
+    max_payload_bytes: Optional[int] = None,
+    slots: Optional[int] = None,
+    slot_bytes: Optional[int] = None,
+    mode: Optional[int] = None,
+    threads: Optional[int] = None,
+    client_spin_ns: Optional[int] = None,
+    server_spin_ns: Optional[int] = None,
+    heartbeat_timeout: Optional[float] = None,
+    gpu_memory_bytes: Optional[int] = None,
+) -> Kalos:
+    """Opens (or creates) the store ``name`` and returns a :class:`Kalos` handle.
+
+    Args:
+        name: 1-200 characters of ``[A-Za-z0-9._-]`` (segment ``/dev/shm/kalos.<name>``).
+        dim: vector dimension; required to create a store, 0 (or the same value) to attach.
+        metric: ``"cosine"`` (default), ``"ip"`` or ``"l2"``.
+        role: ``"auto"`` (attach to a live server, else become it: the embedded default),
+            ``"server"`` (create; fails with :class:`AlreadyExistsError` if one is live) or
+            ``"client"`` (attach; :class:`NotFoundError` if none).
+        dtype: GPU table storage ``"f32"``, ``"f16"`` or ``"bf16"``.
+        backend: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        capacity: maximum number of memories (default 1,048,576).
+        timeout: default deadline of every call, seconds (default 5).
+        data_dir: directory for the write-ahead log and snapshots (default: memory only).
+        sync: WAL policy ``"always"``, ``"interval"`` or ``"never"``; ``sync_interval`` in s.
+        max_payload_bytes, slots, slot_bytes, mode, threads, client_spin_ns, server_spin_ns,
+        heartbeat_timeout (s), gpu_memory_bytes: see ``kalos_options`` in ``kalos.h``.
+
+    Options other than ``name``, ``dim``, ``role`` and ``timeout``-like client settings only
+    matter when this call creates the store.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if "\x00" in name:
+        raise ERRORS_BY_STATUS[STATUS_CODES["INVALID_NAME"]]("INVALID_NAME: store name contains NUL")
+    o = _ffi.kalos_options()
+    _lib.kalos_options_init(byref(o))
+    role_v = _enum(role, _ROLES, "role")
+    o.role = role_v
+    o.dim = dim
+    o.metric = _enum(metric, _METRICS, "metric")
+    o.dtype = _enum(dtype, _DTYPES, "dtype")
+    o.backend = _enum(backend, _BACKENDS, "backend")
+    o.sync_policy = _enum(sync, _SYNCS, "sync")
+    for field, val in (
+        ("capacity", capacity),
+        ("max_payload_bytes", max_payload_bytes),
+        ("slots", slots),
+        ("slot_bytes", slot_bytes),
+        ("mode", mode),
+        ("threads", threads),
+        ("client_spin_ns", client_spin_ns),
+        ("server_spin_ns", server_spin_ns),
+        ("gpu_memory_bytes", gpu_memory_bytes),
+    ):
+        if val is not None:
+            setattr(o, field, val)
+    if timeout is not None:
+        o.timeout_ms = _ms(timeout, "timeout")
+    if heartbeat_timeout is not None:
+        o.heartbeat_timeout_ms = _ms(heartbeat_timeout, "heartbeat_timeout")
+    if sync_interval is not None:
+        o.sync_interval_ms = _ms(sync_interval, "sync_interval")
+    dd = None
+    if data_dir is not None:
+        dd = os.fsencode(os.fspath(data_dir))
+        o.data_dir = dd
+    h = c_void_p(None)
+    rc = _lib.kalos_open(name.encode("utf-8"), byref(o), byref(h))
+    _check(rc)
+    role_name = {v: k for k, v in _ROLES.items()}.get(role_v, str(role_v))
+    assert h.value is not None
+    try:
+        return Kalos(h.value, name, role_name)
+    except BaseException:
+        _lib.kalos_close(h.value)
+        raise

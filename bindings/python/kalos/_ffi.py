@@ -1,0 +1,376 @@
+"""ctypes declarations of the Kalos C API (``include/kalos.h``).
+
+This module is the only place that knows the C ABI. It is written by hand and checked against
+``include/kalos.h`` by ``tests/test_header_drift.py``: every function prototype (return type and
+each argument type), every struct layout (field names, types and order), every status code and
+every ``KALOS_*`` constant used here must match the header exactly, so the binding cannot drift
+silently from the C API.
+
+Library discovery (first hit wins), see :func:`find_library`:
+
+1. **Bundled**: ``libkalos.so`` next to this file (a wheel built with ``build_wheel.sh``).
+2. **``KALOS_LIBRARY``**: an explicit path to ``libkalos.so``.
+3. **Cargo target directory** (development checkout): ``$CARGO_TARGET_DIR`` or the ``target/``
+   directory of the repository that contains this package, ``release`` before ``debug``.
+
+The library is loaded with :class:`ctypes.CDLL`, which releases the GIL for the duration of each
+foreign call, so a thread blocked in a recall never stalls other Python threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int32,
+    c_size_t,
+    c_uint8,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+# --- constants (checked against include/kalos.h) ---------------------------------------------
+
+KALOS_MAX_K = 1024
+KALOS_MAX_FILTER_NAMESPACES = 64
+KALOS_NO_PAYLOAD = 4294967295
+
+KALOS_ROLE_AUTO = 0
+KALOS_ROLE_SERVER = 1
+KALOS_ROLE_CLIENT = 2
+
+KALOS_METRIC_IP = 0
+KALOS_METRIC_COSINE = 1
+KALOS_METRIC_L2 = 2
+
+KALOS_DTYPE_F32 = 0
+KALOS_DTYPE_F16 = 1
+KALOS_DTYPE_BF16 = 2
+
+KALOS_BACKEND_AUTO = 0
+KALOS_BACKEND_CPU = 1
+KALOS_BACKEND_CUDA = 2
+
+KALOS_SYNC_ALWAYS = 0
+KALOS_SYNC_INTERVAL = 1
+KALOS_SYNC_NEVER = 2
+
+#: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
+STATUS_CODES = {
+    "OK": 0,
+    "INVALID_ARGUMENT": 1,
+    "NULL_POINTER": 2,
+    "DIMENSION_MISMATCH": 3,
+    "K_OUT_OF_RANGE": 4,
+    "NON_FINITE": 5,
+    "INVALID_NAME": 6,
+    "STORE_FULL": 7,
+    "VERSION_MISMATCH": 8,
+    "NOT_FOUND": 9,
+    "ALREADY_EXISTS": 10,
+    "TIMEOUT": 11,
+    "SERVER_GONE": 12,
+    "BUFFER_TOO_SMALL": 13,
+    "PAYLOAD_TOO_LARGE": 14,
+    "CORRUPT": 15,
+    "IO": 16,
+    "LOCKED": 17,
+    "BACKEND_UNAVAILABLE": 18,
+    "CUDA": 19,
+    "PERMISSION_DENIED": 20,
+    "TOO_LARGE": 21,
+    "CLOSED": 22,
+    "PANIC": 23,
+    "INTERNAL": 24,
+}
+
+kalos_status = c_int32
+
+
+# --- structs (checked against include/kalos.h) -----------------------------------------------
+
+
+class kalos_options(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("role", c_uint32),
+        ("dim", c_uint32),
+        ("metric", c_uint32),
+        ("dtype", c_uint32),
+        ("backend", c_uint32),
+        ("capacity", c_uint64),
+        ("slots", c_uint32),
+        ("slot_bytes", c_uint32),
+        ("mode", c_uint32),
+        ("max_payload_bytes", c_uint32),
+        ("client_spin_ns", c_uint64),
+        ("server_spin_ns", c_uint64),
+        ("timeout_ms", c_uint64),
+        ("heartbeat_timeout_ms", c_uint64),
+        ("data_dir", c_char_p),
+        ("sync_policy", c_uint32),
+        ("threads", c_uint32),
+        ("sync_interval_ms", c_uint64),
+        ("gpu_memory_bytes", c_uint64),
+    ]
+
+
+class kalos_recall_params(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("_reserved", c_uint32),
+        ("namespaces", POINTER(c_uint64)),
+        ("namespaces_len", c_size_t),
+        ("recency_weight", c_float),
+        ("_reserved2", c_uint32),
+        ("recency_half_life_ms", c_double),
+        ("timeout_ms", c_uint64),
+    ]
+
+
+class kalos_upsert_params(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("_reserved", c_uint32),
+        ("namespace_id", c_uint64),
+        ("namespaces", POINTER(c_uint64)),
+        ("namespaces_len", c_size_t),
+        ("payloads", POINTER(c_uint8)),
+        ("payloads_len", c_size_t),
+        ("payload_lens", POINTER(c_uint32)),
+        ("payload_lens_len", c_size_t),
+        ("ttl_ms", c_uint64),
+        ("expires_at_ms", c_uint64),
+        ("timeout_ms", c_uint64),
+    ]
+
+
+class kalos_stats_info(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("engine", c_uint32),
+        ("count", c_uint64),
+        ("capacity", c_uint64),
+        ("dim", c_uint32),
+        ("metric", c_uint32),
+        ("dtype", c_uint32),
+        ("_reserved", c_uint32),
+        ("requests", c_uint64),
+        ("queries", c_uint64),
+        ("batches", c_uint64),
+        ("errors", c_uint64),
+        ("p50_ns", c_uint64),
+        ("p99_ns", c_uint64),
+        ("queue_depth", c_uint64),
+        ("server_pid", c_uint64),
+        ("epoch", c_uint64),
+        ("payload_bytes", c_uint64),
+        ("uptime_ms", c_uint64),
+        ("engine_fallbacks", c_uint64),
+        ("engine_name", c_char * 48),
+    ]
+
+
+class kalos_handle(Structure):
+    """Opaque handle; only ever used through a pointer."""
+
+
+kalos_handle_p = c_void_p  # `struct kalos_handle *` (opaque; kept as an integer address)
+
+# Pointer arguments that carry numpy buffers are declared ``c_void_p`` so a raw integer address
+# (``ndarray.ctypes.data``) passes with no conversion object: that is the zero-copy fast path.
+# The header types they stand for are recorded in PROTOTYPES for the drift test.
+_P = c_void_p
+
+#: name -> (restype, [(header C type, ctypes type), ...]). The header C type strings are compared
+#: with include/kalos.h by the drift test, and the ctypes type with the C type's size and kind.
+PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
+    "kalos_options_init": (None, [("struct kalos_options *", POINTER(kalos_options))]),
+    "kalos_recall_params_init": (None, [("struct kalos_recall_params *", POINTER(kalos_recall_params))]),
+    "kalos_upsert_params_init": (None, [("struct kalos_upsert_params *", POINTER(kalos_upsert_params))]),
+    "kalos_open": (kalos_status, [
+        ("const char *", c_char_p),
+        ("const struct kalos_options *", POINTER(kalos_options)),
+        ("struct kalos_handle **", POINTER(c_void_p)),
+    ]),
+    "kalos_close": (None, [("struct kalos_handle *", kalos_handle_p)]),
+    "kalos_recall": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const float *", _P),
+        ("size_t", c_size_t),
+        ("uint32_t", c_uint32),
+        ("const struct kalos_recall_params *", _P),
+        ("uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("float *", _P),
+        ("size_t", c_size_t),
+        ("size_t *", _P),
+    ]),
+    "kalos_recall_batch": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const float *", _P),
+        ("size_t", c_size_t),
+        ("size_t", c_size_t),
+        ("uint32_t", c_uint32),
+        ("const struct kalos_recall_params *", _P),
+        ("uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("float *", _P),
+        ("size_t", c_size_t),
+        ("size_t *", _P),
+        ("size_t", c_size_t),
+    ]),
+    "kalos_recall_payloads": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const float *", _P),
+        ("size_t", c_size_t),
+        ("uint32_t", c_uint32),
+        ("const struct kalos_recall_params *", _P),
+        ("uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("float *", _P),
+        ("size_t", c_size_t),
+        ("uint8_t *", _P),
+        ("size_t", c_size_t),
+        ("uint32_t *", _P),
+        ("size_t", c_size_t),
+        ("size_t *", _P),
+        ("size_t *", _P),
+    ]),
+    "kalos_upsert": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("const float *", _P),
+        ("size_t", c_size_t),
+        ("const struct kalos_upsert_params *", _P),
+    ]),
+    "kalos_delete": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("uint64_t *", _P),
+    ]),
+    "kalos_delete_namespace": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("uint64_t", c_uint64),
+        ("uint64_t *", _P),
+    ]),
+    "kalos_clear": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("uint64_t *", _P),
+    ]),
+    "kalos_get": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("float *", _P),
+        ("size_t", c_size_t),
+        ("uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("uint8_t *", _P),
+        ("size_t", c_size_t),
+        ("uint32_t *", _P),
+        ("size_t", c_size_t),
+        ("size_t *", _P),
+    ]),
+    "kalos_stats": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("struct kalos_stats_info *", POINTER(kalos_stats_info)),
+    ]),
+    "kalos_dim": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("uint32_t *", POINTER(c_uint32)),
+    ]),
+    "kalos_status_str": (c_char_p, [("kalos_status", kalos_status)]),
+    "kalos_version": (c_char_p, []),
+    "kalos_last_error": (c_char_p, []),
+}
+
+#: The header C type each restype stands for (for the drift test).
+RESTYPE_C = {None: "void", kalos_status: "kalos_status", c_char_p: "const char *"}
+
+
+# --- library discovery ------------------------------------------------------------------------
+
+LIB_NAME = "libkalos.so" if sys.platform != "darwin" else "libkalos.dylib"
+
+
+def candidate_paths() -> List[Path]:
+    """Every place :func:`find_library` looks, in order (existing or not)."""
+    here = Path(__file__).resolve().parent
+    out: List[Path] = [here / LIB_NAME]
+    env = os.environ.get("KALOS_LIBRARY")
+    if env:
+        out.append(Path(env))
+    targets: List[Path] = []
+    if os.environ.get("CARGO_TARGET_DIR"):
+        targets.append(Path(os.environ["CARGO_TARGET_DIR"]))
+    # bindings/python/kalos/_ffi.py -> repository root is three levels up; also walk up from the
+    # working directory so an installed (non-editable) package still finds a checkout's target/.
+    for base in [here, *here.parents, Path.cwd(), *Path.cwd().parents]:
+        if (base / "Cargo.toml").is_file() and (base / "include" / "kalos.h").is_file():
+            targets.append(base / "target")
+            break
+    for t in targets:
+        out.append(t / "release" / LIB_NAME)
+        out.append(t / "debug" / LIB_NAME)
+    return out
+
+
+def find_library() -> Path:
+    """Returns the path of ``libkalos.so`` (see the module docstring for the order).
+
+    ``KALOS_LIBRARY``, when set, must name an existing file: a typo there is an error rather
+    than a silent fall back to another build.
+    """
+    here = Path(__file__).resolve().parent
+    bundled = here / LIB_NAME
+    if bundled.is_file():
+        return bundled
+    env = os.environ.get("KALOS_LIBRARY")
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise OSError(f"KALOS_LIBRARY={env!r} does not name an existing file")
+        return p
+    for p in candidate_paths()[1:]:
+        if p.is_file():
+            return p
+    raise OSError(
+        "libkalos.so not found. Looked in: "
+        + ", ".join(str(p) for p in candidate_paths())
+        + ". Build it with `cargo build --release`, or set KALOS_LIBRARY=/path/to/libkalos.so."
+    )
+
+
+def load(path: Optional[Path] = None) -> ctypes.CDLL:
+    """Loads the library and declares argtypes/restype of every function in PROTOTYPES."""
+    lib = ctypes.CDLL(str(path or find_library()))
+    for name, (restype, args) in PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = [t for _, t in args]
+    return lib
+
+
+lib: ctypes.CDLL = load()
+library_path: str = lib._name
+
+#: The same library (dlopen returns the same instance) with no argtypes declared, for the
+#: recall fast path in kalos/__init__.py, which passes ctypes objects of the prototype's exact
+#: types. Only restype is set; the functions used this way are listed in RAW_FUNCTIONS.
+lib_raw: ctypes.CDLL = ctypes.CDLL(library_path)
+RAW_FUNCTIONS = ("kalos_recall",)
+for _name in RAW_FUNCTIONS:
+    getattr(lib_raw, _name).restype = PROTOTYPES[_name][0]

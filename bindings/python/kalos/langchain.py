@@ -1,0 +1,314 @@
+"""LangChain vector store backed by Kalos (``pip install "kalos[langchain]"``).
+
+    from kalos.langchain import KalosVectorStore
+    store = KalosVectorStore(embeddings, name="chat", namespace_key="user")
+    store.add_texts(["likes tea"], metadatas=[{"user": "alice"}])
+    store.similarity_search("what does alice drink?", k=3, filter={"user": "alice"})
+
+Storage layout: each LangChain document is one Kalos memory.
+
+* id: LangChain's string id mapped to a ``u64`` by :func:`kalos._ids.str_to_u64` (blake2b);
+  ids are generated (uuid4) when none are given.
+* payload: UTF-8 JSON ``{"id": <string id>, "text": <page_content>, "metadata": {...}}``
+  (``metadata`` is omitted with ``store_metadata=False``). Payload size is bounded by the
+  store's ``max_payload_bytes`` (default 64 KiB).
+* namespace: ``metadata[namespace_key]`` (default key ``"namespace"``) through
+  :func:`kalos._ids.namespace_of`; documents without the key go to ``default_namespace``.
+
+Filters: ``filter={namespace_key: value}`` or ``{namespace_key: {"$in": [v1, v2]}}`` (≤ 64
+values); they run inside the Kalos scan, so the top-k is exact for that scope. Other filter
+keys are not supported (ValueError): Kalos does not index arbitrary metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores.utils import maximal_marginal_relevance
+
+import kalos
+from kalos._ids import namespace_of, str_to_u64
+
+__all__ = ["KalosVectorStore"]
+
+
+class KalosVectorStore(VectorStore):
+    """A langchain-core :class:`VectorStore` over a Kalos store.
+
+    Args:
+        embedding: the LangChain embeddings model.
+        name: Kalos store name (opened with ``kalos.open(name, dim=..., **open_kwargs)``;
+            role auto by default, so the first user in a machine becomes the server).
+        client: an already open :class:`kalos.Kalos` to use instead of ``name`` (not closed by
+            :meth:`close` unless ``owns_client=True``).
+        namespace_key: metadata key whose value selects the Kalos namespace.
+        default_namespace: namespace of documents without ``namespace_key``.
+        store_metadata: keep the metadata in the payload JSON (default True).
+        **open_kwargs: passed to :func:`kalos.open` (``metric``, ``capacity``, ``role``, ...);
+            ``dim`` defaults to the length of an embedded probe string.
+    """
+
+    def __init__(
+        self,
+        embedding: Embeddings,
+        name: Optional[str] = None,
+        *,
+        client: Optional[kalos.Kalos] = None,
+        namespace_key: str = "namespace",
+        default_namespace: int = 0,
+        store_metadata: bool = True,
+        owns_client: Optional[bool] = None,
+        **open_kwargs: Any,
+    ) -> None:
+        self._embedding = embedding
+        if client is None:
+            if name is None:
+                raise ValueError("pass a store name or an open kalos client")
+            if not open_kwargs.get("dim"):
+                open_kwargs["dim"] = len(embedding.embed_query("kalos dimension probe"))
+            client = kalos.open(name, **open_kwargs)
+            owns = True if owns_client is None else owns_client
+        else:
+            owns = bool(owns_client)
+        self.client = client
+        self._owns = owns
+        self.namespace_key = namespace_key
+        self.default_namespace = default_namespace
+        self.store_metadata = store_metadata
+        self._metric = client.stats()["metric"]
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    @property
+    def embeddings(self) -> Embeddings:
+        return self._embedding
+
+    def close(self) -> None:
+        """Closes the Kalos handle if this store opened it."""
+        if self._owns:
+            self.client.close()
+
+    def __enter__(self) -> "KalosVectorStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _namespace(self, metadata: Optional[Dict[str, Any]]) -> int:
+        if metadata and self.namespace_key in metadata:
+            return namespace_of(metadata[self.namespace_key])
+        return self.default_namespace
+
+    def _filter_namespaces(self, filter: Optional[Dict[str, Any]], namespace: Any) -> Optional[List[int]]:
+        ns: Optional[List[int]] = None
+        if namespace is not None:
+            ns = [namespace_of(namespace)]
+        if filter:
+            extra = set(filter) - {self.namespace_key}
+            if extra:
+                raise ValueError(
+                    f"Kalos filters only on the namespace key {self.namespace_key!r}; got keys {sorted(extra)}"
+                )
+            v = filter[self.namespace_key]
+            if isinstance(v, dict):
+                if set(v) != {"$in"} and set(v) != {"$eq"}:
+                    raise ValueError(f"unsupported filter operator(s) {sorted(v)}; use a value, $eq or $in")
+                vals = v.get("$in", [v.get("$eq")])
+            else:
+                vals = [v]
+            ns = (ns or []) + [namespace_of(x) for x in vals]
+        return ns
+
+    def _payload(self, text: str, metadata: Optional[Dict[str, Any]], sid: str) -> bytes:
+        d: Dict[str, Any] = {"id": sid, "text": text}
+        if self.store_metadata:
+            d["metadata"] = metadata or {}
+        return json.dumps(d, ensure_ascii=False, default=str).encode("utf-8")
+
+    @staticmethod
+    def _document(payload: Optional[bytes], expect_id: Optional[str] = None) -> Optional[Document]:
+        if payload is None:
+            return None
+        d = json.loads(payload)
+        if expect_id is not None and d.get("id") != expect_id:
+            return None  # 64-bit hash collision with another string id: not ours
+        return Document(page_content=d.get("text", ""), metadata=d.get("metadata", {}), id=d.get("id"))
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: Optional[List[Dict[str, Any]]] = None,
+        *,
+        ids: Optional[List[str]] = None,
+        ttl: Optional[float] = None,
+        **kwargs: Any,
+    ) -> List[str]:
+        """Embeds and upserts texts; returns their string ids (generated when missing).
+
+        ``ttl`` (seconds) makes the memories expire."""
+        texts = list(texts)
+        if not texts:
+            return []
+        metas = list(metadatas) if metadatas is not None else [{} for _ in texts]
+        given: List[Optional[str]] = list(ids) if ids is not None else [None] * len(texts)
+        sids = [i if i else str(uuid.uuid4()) for i in given]
+        if len(metas) != len(texts) or len(sids) != len(texts):
+            raise ValueError("texts, metadatas and ids must have the same length")
+        vectors = np.asarray(self._embedding.embed_documents(texts), dtype=np.float32)
+        # Chunk so that one request stays well inside a 1 MiB shared-memory slot.
+        payloads = [self._payload(t, m, s) for t, m, s in zip(texts, metas, sids)]
+        start = 0
+        while start < len(texts):
+            end, size = start, 0
+            while end < len(texts) and (end == start or size + vectors.shape[1] * 4 + len(payloads[end]) + 32 < 512 * 1024):
+                size += vectors.shape[1] * 4 + len(payloads[end]) + 32
+                end += 1
+            self.client.upsert(
+                [str_to_u64(s) for s in sids[start:end]],
+                vectors[start:end],
+                namespaces=[self._namespace(m) for m in metas[start:end]],
+                payloads=payloads[start:end],
+                ttl=ttl,
+            )
+            start = end
+        return sids
+
+    def delete(self, ids: Optional[List[str]] = None, **kwargs: Any) -> Optional[bool]:
+        """Deletes by string id (unknown ids are ignored). With ``ids=None``: deletes the
+        namespace given as ``namespace=``/``filter={key: value}``, else every memory."""
+        if ids is None:
+            ns = self._filter_namespaces(kwargs.get("filter"), kwargs.get("namespace"))
+            if ns:
+                for n in ns:
+                    self.client.delete_namespace(n)
+            else:
+                self.client.clear()
+            return True
+        keys = list(dict.fromkeys(str_to_u64(i) for i in ids))
+        if not keys:
+            return True
+        try:
+            self.client.delete(keys)
+        except kalos.NotFoundError:
+            # Kalos deletes all-or-nothing; drop the unknown ids and delete the rest.
+            for key in keys:
+                try:
+                    self.client.delete([key])
+                except kalos.NotFoundError:
+                    pass
+        return True
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def get_by_ids(self, ids: Sequence[str], /) -> List[Document]:
+        """Documents for the ids that exist, in request order (missing ids are skipped)."""
+        out: List[Document] = []
+        keys = [str_to_u64(i) for i in ids]
+        try:
+            recs = self.client.get(keys, vectors=False, namespaces=False).payloads or []
+            pairs = list(zip(ids, recs))
+        except kalos.NotFoundError:
+            pairs = []
+            for sid, key in zip(ids, keys):
+                try:
+                    pairs.append((sid, (self.client.get([key], vectors=False, namespaces=False).payloads or [None])[0]))
+                except kalos.NotFoundError:
+                    continue
+        for sid, p in pairs:
+            doc = self._document(p, sid)
+            if doc is not None:
+                out.append(doc)
+        return out
+
+    def similarity_search_with_score_by_vector(
+        self,
+        embedding: List[float],
+        k: int = 4,
+        filter: Optional[Dict[str, Any]] = None,
+        namespace: Any = None,
+        **kwargs: Any,
+    ) -> List[Tuple[Document, float]]:
+        """Top-k documents and Kalos scores (cosine/ip: higher is better; l2: lower)."""
+        if k <= 0:
+            return []
+        ns = self._filter_namespaces(filter, namespace)
+        ids, scores, payloads = self.client.recall(
+            np.asarray(embedding, dtype=np.float32), min(k, kalos.MAX_K), namespaces=ns, payloads=True
+        )
+        out = []
+        for s, p in zip(scores.tolist(), payloads):
+            doc = self._document(p)
+            if doc is not None:
+                out.append((doc, float(s)))
+        return out
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: Optional[Dict[str, Any]] = None, **kwargs: Any
+    ) -> List[Tuple[Document, float]]:
+        return self.similarity_search_with_score_by_vector(self._embedding.embed_query(query), k, filter, **kwargs)
+
+    def similarity_search_by_vector(
+        self, embedding: List[float], k: int = 4, filter: Optional[Dict[str, Any]] = None, **kwargs: Any
+    ) -> List[Document]:
+        return [d for d, _ in self.similarity_search_with_score_by_vector(embedding, k, filter, **kwargs)]
+
+    def similarity_search(
+        self, query: str, k: int = 4, filter: Optional[Dict[str, Any]] = None, **kwargs: Any
+    ) -> List[Document]:
+        return self.similarity_search_by_vector(self._embedding.embed_query(query), k, filter, **kwargs)
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        if self._metric == "l2":
+            return lambda d: 1.0 - float(np.sqrt(max(d, 0.0))) / float(np.sqrt(2.0))
+        return lambda s: (1.0 + s) / 2.0  # cosine / ip on normalised vectors: [-1, 1] -> [0, 1]
+
+    def max_marginal_relevance_search_by_vector(
+        self,
+        embedding: List[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> List[Document]:
+        ns = self._filter_namespaces(filter, kwargs.get("namespace"))
+        q = np.asarray(embedding, dtype=np.float32)
+        ids, _, payloads = self.client.recall(q, min(max(fetch_k, k), kalos.MAX_K), namespaces=ns, payloads=True)
+        if len(ids) == 0:
+            return []
+        vecs = self.client.get(ids, namespaces=False, payloads=False).vectors
+        assert vecs is not None
+        picked = maximal_marginal_relevance(q, list(vecs), lambda_mult=lambda_mult, k=k)
+        docs = [self._document(payloads[i]) for i in picked]
+        return [d for d in docs if d is not None]
+
+    def max_marginal_relevance_search(
+        self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5, **kwargs: Any
+    ) -> List[Document]:
+        return self.max_marginal_relevance_search_by_vector(
+            self._embedding.embed_query(query), k, fetch_k, lambda_mult, **kwargs
+        )
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: List[str],
+        embedding: Embeddings,
+        metadatas: Optional[List[Dict[str, Any]]] = None,
+        *,
+        ids: Optional[List[str]] = None,
+        **kwargs: Any,
+    ) -> "KalosVectorStore":
+        """Creates a store (``name=`` required, other kwargs as in the constructor) and adds
+        the texts."""
+        store = cls(embedding, **kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
