@@ -619,6 +619,14 @@ impl Server {
         let n = r.u32("count")? as usize;
         let ids = r.u64s(n, "ids")?;
         self.store.check_ids_exist(&ids)?;
+        // An expired memory is gone for readers even before housekeeping reclaims its row.
+        let now = now_unix_ms();
+        for &id in &ids {
+            let row = self.store.row_of(id).expect("checked");
+            if self.store.expires_ms()[row] <= now {
+                return Err(Error::new(Status::NotFound, format!("id {id} has expired")));
+            }
+        }
         let mut w = Writer::new();
         for id in ids {
             let rec = self.store.get(id).expect("checked");
