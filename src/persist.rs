@@ -786,7 +786,7 @@ impl Persist {
         let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: gen, seq: snap_seq };
         let mut next_seq = snap_seq;
         let exists = wal_path.exists();
-        let mut wal_len = HEADER_BYTES as u64;
+        let mut wal_len = 0u64;
         if exists {
             let (_f, m) = map_file(&wal_path)?;
             let b: &[u8] = m.as_deref().unwrap_or(&[]);
