@@ -69,10 +69,12 @@ pub struct Recovery {
 }
 
 /// Format version of both file kinds.
+/// cbindgen:ignore
 pub const FORMAT_VERSION: u32 = 1;
 const WAL_MAGIC: &[u8; 8] = b"KALOSWAL";
 const SNAP_MAGIC: &[u8; 8] = b"KALOSSNP";
 /// File header size (both kinds).
+/// cbindgen:ignore
 pub const HEADER_BYTES: usize = 48;
 const REC_HEADER: usize = 8;
 const OP_UPSERT: u8 = 1;
@@ -86,6 +88,7 @@ const MIN_BODY: usize = 9;
 const SNAP_BLOCK_BYTES: usize = 4 << 20;
 /// Default smallest log (bytes) before compaction is considered; `KALOS_COMPACT_MIN_BYTES`
 /// overrides it (tests use a small value to exercise compaction).
+/// cbindgen:ignore
 pub const DEFAULT_COMPACT_MIN_BYTES: u64 = 64 << 20;
 
 // ---------------------------------------------------------------------------------------------
