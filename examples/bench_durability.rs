@@ -2,7 +2,7 @@
 //! time of a large table, and recall latency with a selective namespace filter vs unfiltered.
 //!
 //!     cargo run --release --example bench_durability -- [--rows 1000000] [--dim 384] [--secs 3]
-//!         [--dir /tmp/kalos-bench] [--skip-upsert] [--skip-recovery]
+//!         [--dir /tmp/kalos-bench] [--skip-upsert] [--skip-recovery] [--only-upsert] [--cleanup]
 //!
 //! Results go to stdout as Markdown table rows (docs/benchmarks/durability.md records them).
 //! Server and client run in this process but talk through the shared-memory slots as usual.
@@ -100,6 +100,9 @@ fn main() {
         ] {
             let (vps, p50) = upsert_bench(&base, dim, secs, sync, batch, clients);
             println!("| {sync:?} | {batch} | {clients} | {vps:.0} | {p50:.0} |");
+        }
+        if flag("--only-upsert") {
+            return;
         }
     }
 
