@@ -584,14 +584,25 @@ fn write_snapshot(dir: &Path, gen: u64, seq: u64, store: &Store) -> Result<u64> 
 fn load_snapshot(path: &Path, hdr_expect: Option<(u32, u32)>, store: &mut Store, salvage: bool) -> Result<(FileHeader, u64, u64, Vec<String>)> {
     let (_f, m) = map_file(path)?;
     let b: &[u8] = m.as_deref().unwrap_or(&[]);
-    let hdr = FileHeader::decode(path, b, Kind::Snap)?;
-    if let Some((dim, metric)) = hdr_expect {
-        check_shape(path, &hdr, dim, metric)?;
-    }
+    let mut notes = Vec::new();
+    let hdr = match (FileHeader::decode(path, b, Kind::Snap), hdr_expect) {
+        (Ok(h), _) => {
+            if let Some((dim, metric)) = hdr_expect {
+                check_shape(path, &h, dim, metric)?;
+            }
+            h
+        }
+        // Repair: a damaged header does not make the blocks unreadable (the dimension comes from
+        // the log); the snapshot's sequence number is then unknown (u64::MAX).
+        (Err(e), Some((dim, metric))) if salvage && b.len() >= HEADER_BYTES => {
+            notes.push(format!("{}: header unreadable ({e}); its blocks were read with dimension {dim}", path.display()));
+            FileHeader { kind: Kind::Snap, dim, metric, generation: u64::MAX, seq: u64::MAX }
+        }
+        (Err(e), _) => return Err(e),
+    };
     let dim = hdr.dim as usize;
     let mut o = HEADER_BYTES;
     let mut rows = 0u64;
-    let mut notes = Vec::new();
     let mut ended = false;
     let mut size = b.len() as u64;
     while o < b.len() {
@@ -1078,12 +1089,13 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     let mut store = Store::new(dim, metric, u32::MAX as usize, u32::MAX as usize);
     let mut rep = RepairReport::default();
     let gen = l.snaps.last().copied().unwrap_or(0);
-    let mut seq = 0u64;
+    // Sequence number the log must start at (None: unknown, the snapshot header was damaged).
+    let mut seq = Some(0u64);
     let mut damaged = false;
     if l.snaps.contains(&gen) {
         let p = dir.join(snap_name(gen));
         let (h, rows, _, notes) = load_snapshot(&p, Some((dim as u32, metric as u32)), &mut store, true)?;
-        seq = h.seq;
+        seq = if h.seq == u64::MAX { None } else { Some(h.seq) };
         rep.snapshot_rows = rows;
         damaged |= !notes.is_empty();
         rep.notes.extend(notes);
@@ -1091,13 +1103,22 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     let wal_path = dir.join(wal_name(gen));
     if wal_path.exists() {
         let b = fs::read(&wal_path).map_err(|e| io_err("read", &wal_path, e))?;
-        match FileHeader::decode(&wal_path, &b, Kind::Wal) {
+        let first = match FileHeader::decode(&wal_path, &b, Kind::Wal) {
+            Ok(h) => Some(h.seq),
             Err(e) => {
                 damaged = true;
-                rep.notes.push(format!("log header unreadable ({e}); the log is not applied"));
+                rep.notes.push(format!(
+                    "log header unreadable ({e}); {}",
+                    if seq.is_some() { "its records are read after the snapshot's sequence number" } else { "the log is not applied" }
+                ));
+                seq
             }
-            Ok(h) => {
-                let s = scan_log(&b, h.seq.max(seq));
+        };
+        seq = seq.or(first);
+        match first {
+            None => {}
+            Some(first) => {
+                let s = scan_log(&b, first);
                 for &(st, en) in &s.records {
                     apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
                 }
@@ -1147,7 +1168,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     }
     fsync_dir(&backup)?;
     let g = newest + 1;
-    let next_seq = seq + rep.records_replayed;
+    let next_seq = seq.unwrap_or(0) + rep.records_replayed;
     let wal_path = dir.join(wal_name(g));
     let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: g, seq: next_seq };
     let mut w = File::create(&wal_path).map_err(|e| io_err("create", &wal_path, e))?;

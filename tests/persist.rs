@@ -394,3 +394,36 @@ fn server_level_lock_two_servers_one_data_dir() {
     b.close();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn damaged_headers_fail_open_and_repair_reads_past_them() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dim = 6;
+    for which in ["snap", "wal"] {
+        let dir = tmpdir(&format!("hdr-{which}"));
+        let (mut p, _, mut s) = open(&dir, dim, Metric::InnerProduct).unwrap();
+        let mut model = Model::new();
+        for _ in 0..40 {
+            let op = random_op(&mut rng, &model, dim, 200);
+            apply(&op, &mut model, &mut p, &mut s);
+        }
+        p.snapshot(&s).unwrap();
+        for _ in 0..40 {
+            let op = random_op(&mut rng, &model, dim, 200);
+            apply(&op, &mut model, &mut p, &mut s);
+        }
+        drop(p);
+        let f = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == which)).unwrap();
+        let mut b = std::fs::read(&f).unwrap();
+        b[rng.random_range(8..40)] ^= 0x02; // inside the checksummed header fields
+        std::fs::write(&f, &b).unwrap();
+        let e = open(&dir, dim, Metric::InnerProduct).err().expect("a damaged header fails the open");
+        assert_eq!(e.status, Status::Corrupt, "{e}");
+        assert!(e.message.contains(&f.display().to_string()) && e.message.contains("offset 40"), "{e}");
+        let rep = persist::repair(&dir).unwrap();
+        assert!(rep.notes.iter().any(|n| n.contains("header unreadable")), "{rep:?}");
+        let (_, _, s2) = open(&dir, dim, Metric::InnerProduct).unwrap();
+        assert_matches(&s2, &model, &format!("repair past a damaged {which} header"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
