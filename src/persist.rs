@@ -518,7 +518,117 @@ fn lock_dir(dir: &Path) -> Result<File> {
 
 /// Writes the whole store as snapshot generation `gen` covering sequence numbers `< seq`:
 /// temp file, fsync, rename, fsync directory. Returns the snapshot size in bytes.
-fn write_snapshot(dir: &Path, gen: u64, seq: u64, store: &Store) -> Result<u64> {
+/// What a snapshot is written from: the live store (synchronous snapshots) or a copy of its
+/// columns (background snapshots).
+trait SnapSource {
+    fn n(&self) -> usize;
+    fn dim(&self) -> usize;
+    fn metric(&self) -> Metric;
+    fn id(&self, r: usize) -> u64;
+    fn ns(&self, r: usize) -> u64;
+    fn created(&self, r: usize) -> u64;
+    fn expires(&self, r: usize) -> u64;
+    fn payload(&self, r: usize) -> Option<&[u8]>;
+    /// The vector as the caller wrote it.
+    fn vector(&self, r: usize) -> Vec<f32>;
+}
+
+impl SnapSource for Store {
+    fn n(&self) -> usize {
+        self.len()
+    }
+    fn dim(&self) -> usize {
+        Store::dim(self)
+    }
+    fn metric(&self) -> Metric {
+        Store::metric(self)
+    }
+    fn id(&self, r: usize) -> u64 {
+        self.ids()[r]
+    }
+    fn ns(&self, r: usize) -> u64 {
+        self.namespaces()[r]
+    }
+    fn created(&self, r: usize) -> u64 {
+        self.created_ms()[r]
+    }
+    fn expires(&self, r: usize) -> u64 {
+        self.expires_ms()[r]
+    }
+    fn payload(&self, r: usize) -> Option<&[u8]> {
+        self.payload_at(r)
+    }
+    fn vector(&self, r: usize) -> Vec<f32> {
+        self.vector_of_row(r)
+    }
+}
+
+/// A copy of the store's columns, taken by the server thread (a memcpy of the table) so that a
+/// background thread can write the snapshot while the server keeps serving.
+struct TableCopy {
+    dim: usize,
+    metric: Metric,
+    vectors: Vec<f32>,
+    norms: Vec<f32>,
+    ids: Vec<u64>,
+    ns: Vec<u64>,
+    created: Vec<u64>,
+    expires: Vec<u64>,
+    payloads: Vec<Option<Box<[u8]>>>,
+}
+
+impl TableCopy {
+    fn of(s: &Store) -> TableCopy {
+        TableCopy {
+            dim: s.dim(),
+            metric: s.metric(),
+            vectors: s.vectors().to_vec(),
+            norms: s.norms().to_vec(),
+            ids: s.ids().to_vec(),
+            ns: s.namespaces().to_vec(),
+            created: s.created_ms().to_vec(),
+            expires: s.expires_ms().to_vec(),
+            payloads: (0..s.len()).map(|r| s.payload_at(r).map(Box::from)).collect(),
+        }
+    }
+}
+
+impl SnapSource for TableCopy {
+    fn n(&self) -> usize {
+        self.ids.len()
+    }
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn metric(&self) -> Metric {
+        self.metric
+    }
+    fn id(&self, r: usize) -> u64 {
+        self.ids[r]
+    }
+    fn ns(&self, r: usize) -> u64 {
+        self.ns[r]
+    }
+    fn created(&self, r: usize) -> u64 {
+        self.created[r]
+    }
+    fn expires(&self, r: usize) -> u64 {
+        self.expires[r]
+    }
+    fn payload(&self, r: usize) -> Option<&[u8]> {
+        self.payloads[r].as_deref()
+    }
+    fn vector(&self, r: usize) -> Vec<f32> {
+        // Exactly what Store::vector_of_row computes.
+        let v = &self.vectors[r * self.dim..(r + 1) * self.dim];
+        match self.metric {
+            Metric::Cosine => v.iter().map(|&x| x * self.norms[r]).collect(),
+            _ => v.to_vec(),
+        }
+    }
+}
+
+fn write_snapshot<S: SnapSource>(dir: &Path, gen: u64, seq: u64, store: &S) -> Result<u64> {
     let tmp = dir.join(format!("{}.tmp", snap_name(gen)));
     let fin = dir.join(snap_name(gen));
     let f = File::create(&tmp).map_err(|e| io_err("create", &tmp, e))?;
@@ -532,26 +642,26 @@ fn write_snapshot(dir: &Path, gen: u64, seq: u64, store: &Store) -> Result<u64> 
     let per_row = 8 * 4 + 4 + dim * 4;
     let mut block = Vec::with_capacity(SNAP_BLOCK_BYTES + per_row + 64);
     let mut row = 0usize;
-    let n = store.len();
+    let n = store.n();
     let mut vecs: Vec<Vec<f32>> = Vec::new();
     loop {
         // One block: as many rows as fit in ~SNAP_BLOCK_BYTES (at least one), then an end block.
         let start = row;
         let mut bytes = 0usize;
         vecs.clear();
-        while row < n && (row == start || bytes + per_row + store.payload_at(row).map_or(0, |p| p.len()) <= SNAP_BLOCK_BYTES) {
-            bytes += per_row + store.payload_at(row).map_or(0, |p| p.len());
-            vecs.push(store.vector_of_row(row));
+        while row < n && (row == start || bytes + per_row + store.payload(row).map_or(0, |p| p.len()) <= SNAP_BLOCK_BYTES) {
+            bytes += per_row + store.payload(row).map_or(0, |p| p.len());
+            vecs.push(store.vector(row));
             row += 1;
         }
         let items: Vec<UpsertItem<'_>> = (start..row)
             .map(|r| UpsertItem {
-                id: store.ids()[r],
-                namespace: store.namespaces()[r],
+                id: store.id(r),
+                namespace: store.ns(r),
                 vector: &vecs[r - start],
-                payload: store.payload_at(r),
-                created_ms: store.created_ms()[r],
-                expires_ms: store.expires_ms()[r],
+                payload: store.payload(r),
+                created_ms: store.created(r),
+                expires_ms: store.expires(r),
             })
             .collect();
         block.clear();
@@ -730,13 +840,28 @@ fn apply_record(path: &Path, off: usize, body: &[u8], dim: usize, store: &mut St
 // Persist
 // ---------------------------------------------------------------------------------------------
 
+struct BgSnap {
+    gen: u64,
+    seq: u64,
+    /// `log_since_snap` when it started (restored if it fails).
+    pending_bytes: u64,
+    handle: std::thread::JoinHandle<Result<u64>>,
+}
+
 pub struct Persist {
     dir: PathBuf,
     _lock: File,
     opts: PersistOptions,
     dim: usize,
     metric: Metric,
+    /// Generation of the log being appended to (≥ `snap_gen`).
     gen: u64,
+    /// Generation of the newest complete snapshot (0 = none).
+    snap_gen: u64,
+    /// Log bytes written after the newest complete snapshot (what recovery would replay).
+    log_since_snap: u64,
+    /// A snapshot being written by a background thread.
+    bg: Option<BgSnap>,
     wal: File,
     wal_path: PathBuf,
     /// Bytes of the log that are written (committed) — the file length.
@@ -787,68 +912,78 @@ impl Persist {
             snap_bytes = size;
             rec.snapshot_rows = rows;
         }
-        // Logs newer than the snapshot can only be empty leftovers of an interrupted compaction.
-        for &g in l.wals.iter().filter(|&&g| g > gen) {
-            let p = dir.join(wal_name(g));
-            let len = fs::metadata(&p).map_err(|e| io_err("stat", &p, e))?.len();
-            if len > HEADER_BYTES as u64 {
-                return Err(corrupt(&p, HEADER_BYTES, format!("log of generation {g} holds records but snapshot {gen} is the newest")));
+        // The log chain after the snapshot: wal-<gen>, wal-<gen+1>, ... (a log newer than the
+        // newest snapshot exists when a snapshot was still being written at the crash). Each log
+        // continues the previous one's sequence numbers.
+        let chain: Vec<u64> = l.wals.iter().copied().filter(|&g| g >= gen).collect();
+        for (i, &g) in chain.iter().enumerate() {
+            if g != gen + i as u64 {
+                return Err(Error::new(
+                    Status::Corrupt,
+                    format!("{}: log {} is missing (the logs after snapshot {gen} have a gap)", dir.display(), wal_name(gen + i as u64)),
+                ));
             }
-            let _ = fs::remove_file(&p);
         }
-        let wal_path = dir.join(wal_name(gen));
-        let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: gen, seq: snap_seq };
         let mut next_seq = snap_seq;
-        let exists = wal_path.exists();
+        let mut last_gen = gen;
         let mut wal_len = 0u64;
-        if exists {
-            let (_f, m) = map_file(&wal_path)?;
+        for (i, &g) in chain.iter().enumerate() {
+            let last = i + 1 == chain.len();
+            let path = dir.join(wal_name(g));
+            last_gen = g;
+            let (_f, m) = map_file(&path)?;
             let b: &[u8] = m.as_deref().unwrap_or(&[]);
             if b.len() < HEADER_BYTES {
+                if !last {
+                    return Err(corrupt(&path, 0, format!("log of {} bytes is shorter than its header, and later logs follow it", b.len())));
+                }
                 // Crash while creating the log (before any record could be written).
-                rec.torn_tail = Some(format!("torn log header in {}: {} bytes; rewritten", wal_path.display(), b.len()));
+                rec.torn_tail = Some(format!("torn log header in {}: {} bytes; rewritten", path.display(), b.len()));
                 wal_len = 0;
-            } else {
-                let h = FileHeader::decode(&wal_path, b, Kind::Wal)?;
-                check_shape(&wal_path, &h, dim as u32, metric as u32)?;
-                if h.generation != gen || h.seq != snap_seq {
+                break;
+            }
+            let h = FileHeader::decode(&path, b, Kind::Wal)?;
+            check_shape(&path, &h, dim as u32, metric as u32)?;
+            if h.generation != g || h.seq != next_seq {
+                return Err(corrupt(
+                    &path,
+                    24,
+                    format!("log header (generation {}, first seq {}) does not continue the log chain (generation {g}, seq {next_seq})", h.generation, h.seq),
+                ));
+            }
+            let s = scan_log(b, next_seq);
+            if let Some((off, later)) = s.damage {
+                if later || !last {
                     return Err(corrupt(
-                        &wal_path,
-                        24,
-                        format!("log header (generation {}, first seq {}) does not follow snapshot {gen} (seq {snap_seq})", h.generation, h.seq),
-                    ));
-                }
-                let s = scan_log(b, snap_seq);
-                if let Some((off, later)) = s.damage {
-                    if later {
-                        return Err(corrupt(
-                            &wal_path,
-                            off,
-                            format!(
-                                "damaged log record in the middle of the log (intact records follow it); nothing was changed — run `kalosd repair --data-dir {}` to keep the {} intact records before it",
-                                dir.display(),
-                                s.records.len()
-                            ),
-                        ));
-                    }
-                }
-                for &(st, en) in &s.records {
-                    apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, store)?;
-                }
-                rec.records_replayed = s.records.len() as u64;
-                next_seq = snap_seq + s.records.len() as u64;
-                rec.log_bytes = (s.end - HEADER_BYTES) as u64;
-                wal_len = s.end as u64;
-                if let Some((off, _)) = s.damage {
-                    rec.torn_tail = Some(format!(
-                        "torn tail in {}: truncated at offset {off}, dropped {} bytes (an incomplete last record; {} intact records kept)",
-                        wal_path.display(),
-                        b.len() - off,
-                        s.records.len()
+                        &path,
+                        off,
+                        format!(
+                            "damaged log record in the middle of the log ({}); nothing was changed — run `kalosd repair --data-dir {}` to keep the {} intact records before it",
+                            if later { "intact records follow it" } else { "later logs follow it" },
+                            dir.display(),
+                            rec.records_replayed + s.records.len() as u64
+                        ),
                     ));
                 }
             }
+            for &(st, en) in &s.records {
+                apply_record(&path, st - REC_HEADER, &b[st..en], dim, store)?;
+            }
+            rec.records_replayed += s.records.len() as u64;
+            next_seq += s.records.len() as u64;
+            rec.log_bytes += (s.end - HEADER_BYTES) as u64;
+            wal_len = s.end as u64;
+            if let Some((off, _)) = s.damage {
+                rec.torn_tail = Some(format!(
+                    "torn tail in {}: truncated at offset {off}, dropped {} bytes (an incomplete last record; {} intact records kept)",
+                    path.display(),
+                    b.len() - off,
+                    s.records.len()
+                ));
+            }
         }
+        let wal_path = dir.join(wal_name(last_gen));
+        let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: last_gen, seq: next_seq };
         let mut wal = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&wal_path).map_err(|e| io_err("open", &wal_path, e))?;
         if wal_len < HEADER_BYTES as u64 {
             wal.set_len(0).map_err(|e| io_err("truncate", &wal_path, e))?;
@@ -879,7 +1014,10 @@ impl Persist {
             opts: opts.clone(),
             dim,
             metric,
-            gen,
+            gen: last_gen,
+            snap_gen: gen,
+            log_since_snap: rec.log_bytes,
+            bg: None,
             wal,
             wal_path,
             wal_len,
@@ -915,6 +1053,7 @@ impl Persist {
                 return Err(self.fail(io_err("write", &self.wal_path.clone(), e)));
             }
             self.wal_len += self.buf.len() as u64;
+            self.log_since_snap += self.buf.len() as u64;
             self.buf.clear();
             self.unsynced = true;
         }
@@ -951,6 +1090,11 @@ impl Persist {
     }
 
     /// Periodic work when idle: interval fsync, snapshot + log compaction when the log is large.
+    ///
+    /// Compaction runs when the log written since the newest snapshot is at least
+    /// `KALOS_COMPACT_MIN_BYTES` (64 MiB) and at least the snapshot's size. The server thread only
+    /// copies the table (a memcpy) and starts a new log; a background thread writes the snapshot,
+    /// and a later tick deletes the generations it replaces.
     pub fn tick(&mut self, store: &Store) -> Result<()> {
         if self.broken.is_some() {
             return Ok(());
@@ -959,43 +1103,111 @@ impl Persist {
         if self.unsynced && self.opts.sync == SyncPolicy::Interval {
             self.sync()?;
         }
-        let log = self.wal_len - HEADER_BYTES as u64;
-        if log >= self.compact_min && log >= self.snap_bytes {
-            self.snapshot(store)?;
+        self.poll_bg(false);
+        if self.bg.is_none() && self.log_since_snap >= self.compact_min && self.log_since_snap >= self.snap_bytes {
+            self.start_snapshot(store)?;
         }
         Ok(())
     }
 
-    /// Writes a snapshot of `store` (which must reflect every appended record) and starts a new,
-    /// empty log; then deletes the previous generation. Crash-safe at every step (see
-    /// docs/DURABILITY.md).
+    /// Starts a background snapshot of `store` (which must reflect every appended record): a new
+    /// log generation starts now, the table is copied, and a thread writes and renames the
+    /// snapshot. Waits for a previous background snapshot first. A later `tick` (or `snapshot`,
+    /// or drop) collects it and deletes the generations it replaces.
+    pub fn start_snapshot(&mut self, store: &Store) -> Result<()> {
+        self.poll_bg(true);
+        let g = self.switch_log()?;
+        let copy = TableCopy::of(store);
+        let (dir, seq) = (self.dir.clone(), self.next_seq);
+        let handle = std::thread::Builder::new()
+            .name("kalos-snapshot".into())
+            .spawn(move || write_snapshot(&dir, g, seq, &copy))
+            .map_err(|e| Error::io("spawn snapshot thread", e))?;
+        self.bg = Some(BgSnap { gen: g, seq, pending_bytes: self.log_since_snap, handle });
+        self.log_since_snap = 0;
+        Ok(())
+    }
+
+    /// True while a background snapshot runs (for tests and tools).
+    pub fn snapshot_in_progress(&self) -> bool {
+        self.bg.as_ref().is_some_and(|b| !b.handle.is_finished())
+    }
+
+    /// Writes a snapshot of `store` (which must reflect every appended record) synchronously, and
+    /// deletes the generations it replaces. Crash-safe at every step (docs/DURABILITY.md).
     pub fn snapshot(&mut self, store: &Store) -> Result<()> {
+        self.poll_bg(true);
+        let g = self.switch_log()?;
+        let pending = self.log_since_snap;
+        self.log_since_snap = 0;
+        match write_snapshot(&self.dir, g, self.next_seq, store) {
+            Ok(size) => {
+                self.finish_snapshot(g, self.next_seq, size);
+                Ok(())
+            }
+            Err(e) => {
+                self.log_since_snap += pending;
+                let _ = fs::remove_file(self.dir.join(format!("{}.tmp", snap_name(g))));
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts log generation `gen + 1` (continuing the sequence numbers) and appends there from
+    /// now on. The current log is committed and fsynced first, whatever the policy, so that only
+    /// the last log of a chain can ever end in a torn record.
+    fn switch_log(&mut self) -> Result<u64> {
         self.commit()?;
         if self.unsynced {
             self.sync()?;
         }
         let g = self.gen + 1;
-        // 1. The new, empty log first (so that once the snapshot is renamed its log exists).
-        let wal_path = self.dir.join(wal_name(g));
+        let path = self.dir.join(wal_name(g));
         let hdr = FileHeader { kind: Kind::Wal, dim: self.dim as u32, metric: self.metric as u32, generation: g, seq: self.next_seq };
-        let mut wal = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&wal_path).map_err(|e| io_err("create", &wal_path, e))?;
-        wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &wal_path, e))?;
-        wal.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
-        // 2. The snapshot (temp + fsync + rename + fsync dir): the commit point.
-        let size = write_snapshot(&self.dir, g, self.next_seq, store)?;
-        // 3. Switch, then drop the old generation.
-        let old = self.gen;
+        let mut wal = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(|e| io_err("create", &path, e))?;
+        wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &path, e))?;
+        wal.sync_all().map_err(|e| io_err("fsync", &path, e))?;
+        fsync_dir(&self.dir)?;
         self.wal = wal;
-        self.wal_path = wal_path;
+        self.wal_path = path;
         self.wal_len = HEADER_BYTES as u64;
         self.gen = g;
-        self.snap_seq = self.next_seq;
+        Ok(g)
+    }
+
+    /// Collects a finished background snapshot (or waits for it when `wait`).
+    fn poll_bg(&mut self, wait: bool) {
+        match &self.bg {
+            Some(b) if wait || b.handle.is_finished() => {}
+            _ => return,
+        }
+        let b = self.bg.take().expect("checked");
+        let r = b.handle.join().unwrap_or_else(|_| Err(Error::new(Status::Panic, "the snapshot thread panicked")));
+        match r {
+            Ok(size) => self.finish_snapshot(b.gen, b.seq, size),
+            Err(e) => {
+                // The log chain still holds everything; the next tick retries.
+                eprintln!("kalos: background snapshot {} failed: {e}; the logs are kept and it will be retried", snap_name(b.gen));
+                let _ = fs::remove_file(self.dir.join(format!("{}.tmp", snap_name(b.gen))));
+                self.log_since_snap += b.pending_bytes;
+            }
+        }
+    }
+
+    /// Snapshot `g` is complete (renamed and the directory fsynced): drop what it replaces.
+    fn finish_snapshot(&mut self, g: u64, seq: u64, size: u64) {
+        self.snap_gen = g;
+        self.snap_seq = seq;
         self.snap_bytes = size;
-        self.unsynced = false;
-        let _ = fs::remove_file(self.dir.join(wal_name(old)));
-        let _ = fs::remove_file(self.dir.join(snap_name(old)));
+        if let Ok(l) = list_dir(&self.dir) {
+            for &old in l.snaps.iter().filter(|&&x| x < g) {
+                let _ = fs::remove_file(self.dir.join(snap_name(old)));
+            }
+            for &old in l.wals.iter().filter(|&&x| x < g) {
+                let _ = fs::remove_file(self.dir.join(wal_name(old)));
+            }
+        }
         let _ = fsync_dir(&self.dir);
-        Ok(())
     }
 
     /// Current generation (for tests and tools).
@@ -1022,6 +1234,8 @@ impl Persist {
 
 impl Drop for Persist {
     fn drop(&mut self) {
+        // A snapshot thread must not outlive the directory lock.
+        self.poll_bg(true);
         // A clean stop flushes whatever the policy left unsynced (also under `never`).
         if self.broken.is_none() {
             let _ = self.commit();
@@ -1058,6 +1272,21 @@ pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
         }
     }
     Ok(None)
+}
+
+/// Counts the intact records (any sequence number) from `from` on, skipping damage.
+fn count_records(b: &[u8], from: usize) -> u64 {
+    let mut n = 0u64;
+    let mut p = from;
+    while p + REC_HEADER < b.len() {
+        if let Some((_, e)) = record_at(b, p, 0) {
+            n += 1;
+            p = e;
+        } else {
+            p += 1;
+        }
+    }
+    n
 }
 
 /// What [`repair`] did.
@@ -1100,53 +1329,62 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
         damaged |= !notes.is_empty();
         rep.notes.extend(notes);
     }
-    let wal_path = dir.join(wal_name(gen));
-    if wal_path.exists() {
+    // The log chain, in order, up to the first damage (a consistent point in time).
+    let chain: Vec<u64> = l.wals.iter().copied().filter(|&g| g >= gen).collect();
+    let mut stopped = false;
+    for (i, &g) in chain.iter().enumerate() {
+        let wal_path = dir.join(wal_name(g));
         let b = fs::read(&wal_path).map_err(|e| io_err("read", &wal_path, e))?;
+        if !stopped && g != gen + i as u64 {
+            damaged = true;
+            stopped = true;
+            rep.notes.push(format!("{}: log {} is missing; the logs after it are not applied", dir.display(), wal_name(gen + i as u64)));
+        }
+        if stopped {
+            rep.records_after_damage += count_records(&b, HEADER_BYTES);
+            continue;
+        }
         let first = match FileHeader::decode(&wal_path, &b, Kind::Wal) {
-            Ok(h) => Some(h.seq),
+            Ok(h) if seq.map_or(true, |x| x == h.seq) => Some(h.seq),
+            Ok(h) => {
+                damaged = true;
+                rep.notes.push(format!("{}: starts at sequence {} but {} was expected; not applied", wal_path.display(), h.seq, seq.unwrap_or(0)));
+                None
+            }
             Err(e) => {
                 damaged = true;
                 rep.notes.push(format!(
                     "log header unreadable ({e}); {}",
-                    if seq.is_some() { "its records are read after the snapshot's sequence number" } else { "the log is not applied" }
+                    if seq.is_some() { "its records are read from the expected sequence number" } else { "the log is not applied" }
                 ));
                 seq
             }
         };
-        seq = seq.or(first);
-        match first {
-            None => {}
-            Some(first) => {
-                let s = scan_log(&b, first);
-                for &(st, en) in &s.records {
-                    apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
-                }
-                rep.records_replayed = s.records.len() as u64;
-                if let Some((off, later)) = s.damage {
-                    damaged = true;
-                    // Count the intact records after the damage (not applied; kept in the backup).
-                    let mut n = 0u64;
-                    let mut p = off + 1;
-                    while p + REC_HEADER < b.len() {
-                        if let Some((_, e)) = record_at(&b, p, 0) {
-                            n += 1;
-                            p = e;
-                        } else {
-                            p += 1;
-                        }
-                    }
-                    rep.records_after_damage = n;
-                    rep.notes.push(format!(
-                        "{}: damage at offset {off} ({}); kept {} records before it, {} intact records after it were not applied; {} bytes not applied",
-                        wal_path.display(),
-                        if later { "middle of the log" } else { "torn tail" },
-                        s.records.len(),
-                        n,
-                        b.len() - off
-                    ));
-                }
-            }
+        let Some(first) = first else {
+            stopped = true;
+            rep.records_after_damage += count_records(&b, HEADER_BYTES);
+            continue;
+        };
+        let s = scan_log(&b, first);
+        for &(st, en) in &s.records {
+            apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
+        }
+        rep.records_replayed += s.records.len() as u64;
+        seq = Some(first + s.records.len() as u64);
+        if let Some((off, later)) = s.damage {
+            damaged = true;
+            stopped = true;
+            // Intact records after the damage are counted, not applied (kept in the backup).
+            let n = count_records(&b, off + 1);
+            rep.records_after_damage += n;
+            rep.notes.push(format!(
+                "{}: damage at offset {off} ({}); kept {} records before it, {} intact records after it were not applied; {} bytes not applied",
+                wal_path.display(),
+                if later { "middle of the log" } else { "torn tail" },
+                s.records.len(),
+                n,
+                b.len() - off
+            ));
         }
     }
     rep.rows = store.len() as u64;
@@ -1168,7 +1406,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     }
     fsync_dir(&backup)?;
     let g = newest + 1;
-    let next_seq = seq.unwrap_or(0) + rep.records_replayed;
+    let next_seq = seq.unwrap_or(0);
     let wal_path = dir.join(wal_name(g));
     let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: g, seq: next_seq };
     let mut w = File::create(&wal_path).map_err(|e| io_err("create", &wal_path, e))?;

@@ -427,3 +427,77 @@ fn damaged_headers_fail_open_and_repair_reads_past_them() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Crash states of a background snapshot: before its rename (the log chain old-snapshot + two
+/// logs must replay), and after the rename but before the clean-up (the new snapshot wins and the
+/// old generation is deleted).
+#[test]
+fn background_snapshot_crash_states_recover_the_log_chain() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dim = 6;
+    let dir = tmpdir("bg");
+    let (mut p, _, mut s) = open(&dir, dim, Metric::Cosine).unwrap();
+    let mut model = Model::new();
+    for _ in 0..50 {
+        let op = random_op(&mut rng, &model, dim, 150);
+        apply(&op, &mut model, &mut p, &mut s);
+    }
+    p.snapshot(&s).unwrap(); // generation 1
+    for _ in 0..50 {
+        let op = random_op(&mut rng, &model, dim, 150);
+        apply(&op, &mut model, &mut p, &mut s);
+    }
+    let model_at_bg = model.clone();
+    p.start_snapshot(&s).unwrap(); // generation 2, written by a thread
+    for _ in 0..50 {
+        let op = random_op(&mut rng, &model, dim, 150);
+        apply(&op, &mut model, &mut p, &mut s);
+    }
+    while p.snapshot_in_progress() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Files now: snap-1, wal-1, wal-2 (with records), snap-2 (renamed, not yet collected).
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).filter(|n: &String| n != "LOCK").collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&dir).len(), 4, "{:?}", names(&dir));
+    // Crash before the rename: no snap-2.
+    let before = tmpdir("bg-before");
+    copy_dir(&dir, &before);
+    for n in names(&before) {
+        if n.starts_with("snap-0000000000000002") {
+            std::fs::remove_file(before.join(n)).unwrap();
+        }
+    }
+    std::fs::write(before.join("snap-0000000000000002.snap.tmp"), b"half a snapshot").unwrap();
+    let (p2, r, s2) = open(&before, dim, Metric::Cosine).unwrap();
+    assert_eq!((r.generation, r.records_replayed), (1, 100), "{r:?}");
+    assert_matches(&s2, &model, "crash before the rename");
+    drop(p2);
+    assert!(!before.join("snap-0000000000000002.snap.tmp").exists(), "temp file removed");
+    // Crash after the rename, before the clean-up: snapshot 2 + wal-2; old files deleted.
+    let after = tmpdir("bg-after");
+    copy_dir(&dir, &after);
+    let (p3, r, s3) = open(&after, dim, Metric::Cosine).unwrap();
+    assert_eq!((r.generation, r.snapshot_rows as usize, r.records_replayed), (2, model_at_bg.len(), 50), "{r:?}");
+    assert_matches(&s3, &model, "crash after the rename");
+    drop(p3);
+    assert_eq!(names(&after), vec!["snap-0000000000000002.snap".to_string(), "wal-0000000000000002.wal".to_string()]);
+    // A gap in the chain is corruption, never silent loss.
+    let gap = tmpdir("bg-gap");
+    copy_dir(&before, &gap);
+    std::fs::remove_file(gap.join("wal-0000000000000001.wal")).unwrap();
+    let e = open(&gap, dim, Metric::Cosine).err().unwrap();
+    assert_eq!(e.status, Status::Corrupt, "{e}");
+    assert!(e.message.contains("wal-0000000000000001.wal is missing"), "{e}");
+    // The live handle collects the snapshot and cleans up on its own.
+    drop(p);
+    let (_, r, s4) = open(&dir, dim, Metric::Cosine).unwrap();
+    assert_eq!(r.generation, 2);
+    assert_matches(&s4, &model, "clean");
+    for d in [&dir, &before, &after, &gap] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
