@@ -29,7 +29,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-fn upsert_bench(base: &PathBuf, dim: usize, secs: f64, sync: SyncPolicy, batch: usize, clients: usize) -> (f64, f64) {
+fn upsert_bench(base: &std::path::Path, dim: usize, secs: f64, sync: SyncPolicy, batch: usize, clients: usize) -> (f64, f64) {
     let dir = base.join(format!("up-{sync:?}-{batch}-{clients}"));
     let _ = std::fs::remove_dir_all(&dir);
     let name = format!("bench-dur-{}", std::process::id());

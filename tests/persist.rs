@@ -342,7 +342,7 @@ fn corrupt_snapshot_fails_open_and_repair_salvages_intact_blocks() {
     let (_, _, s2) = open(&dir, dim, Metric::InnerProduct).unwrap();
     // Everything recovered is exactly right, and only the damaged block's rows are missing.
     assert_eq!(s2.len() as u64, rep.rows);
-    assert!(s2.len() > 0 && s2.len() < model.len(), "{} of {}", s2.len(), model.len());
+    assert!(!s2.is_empty() && s2.len() < model.len(), "{} of {}", s2.len(), model.len());
     let mut m2 = Model::new();
     for (id, r) in &model {
         if s2.get(*id).is_some() {
