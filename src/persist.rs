@@ -10,8 +10,11 @@
 //!   number `seq`, written as `snap-<G>.snap.tmp`, fsynced, renamed, and the directory fsynced.
 //!   Generation 0 has no snapshot (the empty table).
 //! - `wal-<G>.wal`: every mutation after snapshot `G`, one checksummed record per write request.
+//!   Compaction starts log `G+1` at once and writes snapshot `G+1` on a background thread from a
+//!   copy of the table, so until that snapshot is renamed the state is snapshot `G` + the log
+//!   chain `wal-<G>`, `wal-<G+1>`.
 //!
-//! Recovery = newest snapshot + replay of its log. A record is `len u32 | crc32c(len ‖ body) u32 |
+//! Recovery = newest snapshot + replay of its log chain. A record is `len u32 | crc32c(len ‖ body) u32 |
 //! body`, the body starting with its sequence number, so a record can neither be skipped, repeated
 //! nor misparsed without the checksum or the sequence check noticing. When the log ends in a
 //! damaged record and no intact record follows it anywhere in the file, the damage is a torn

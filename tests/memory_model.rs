@@ -12,6 +12,17 @@ use kalos::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Kills a child server if the test panics (so a failing test never leaves a server running).
+struct KillOnPanic(i32);
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
 fn rng() -> StdRng {
     let s: u64 = std::env::var("KALOS_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
     eprintln!("seed = {s} (rerun with KALOS_TEST_SEED={s})");
@@ -76,6 +87,7 @@ fn read_after_write_across_processes() {
         .spawn()
         .unwrap();
     let mut l = String::new();
+    let _guard = KillOnPanic(srv.id() as i32);
     BufReader::new(srv.stdout.as_mut().unwrap()).read_line(&mut l).unwrap();
     assert!(l.contains("serving"), "{l}");
     let w = Kalos::open(&name, &Options { role: Role::Client, ..Options::default() }).unwrap();

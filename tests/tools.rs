@@ -11,6 +11,17 @@ use kalos::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Kills a child server if the test panics (so a failing test never leaves a server running).
+struct KillOnPanic(i32);
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
 fn kalosd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kalosd")).args(args).output().unwrap()
 }
@@ -95,6 +106,7 @@ fn import_serve_export_round_trip_with_payloads() {
         .spawn()
         .unwrap();
     let mut line = String::new();
+    let _guard = KillOnPanic(srv.id() as i32);
     BufReader::new(srv.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains(&format!("count={}", n - 1)), "{line}");
     // A second server on the same directory is refused, and an offline tool too.
@@ -188,6 +200,7 @@ fn serve_reports_torn_tail_and_corruption_and_repair_recovers() {
         .spawn()
         .unwrap();
     let mut line = String::new();
+    let _guard = KillOnPanic(srv.id() as i32);
     BufReader::new(srv.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("count=49"), "{line}");
     // SAFETY: kill(2) of our child.
