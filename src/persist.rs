@@ -865,6 +865,9 @@ pub struct Persist {
     log_since_snap: u64,
     /// A snapshot being written by a background thread.
     bg: Option<BgSnap>,
+    /// After a failed background snapshot, the next attempt waits until then (each attempt
+    /// starts a new log generation, so retrying every tick would pile up files).
+    retry_at: Option<Instant>,
     wal: File,
     wal_path: PathBuf,
     /// Bytes of the log that are written (committed) — the file length.
@@ -1021,6 +1024,7 @@ impl Persist {
             snap_gen: gen,
             log_since_snap: rec.log_bytes,
             bg: None,
+            retry_at: None,
             wal,
             wal_path,
             wal_len,
@@ -1107,7 +1111,8 @@ impl Persist {
             self.sync()?;
         }
         self.poll_bg(false);
-        if self.bg.is_none() && self.log_since_snap >= self.compact_min && self.log_since_snap >= self.snap_bytes {
+        let may_retry = self.retry_at.map_or(true, |t| Instant::now() >= t);
+        if self.bg.is_none() && may_retry && self.log_since_snap >= self.compact_min && self.log_since_snap >= self.snap_bytes {
             self.start_snapshot(store)?;
         }
         Ok(())
@@ -1190,7 +1195,8 @@ impl Persist {
             Ok(size) => self.finish_snapshot(b.gen, b.seq, size),
             Err(e) => {
                 // The log chain still holds everything; the next tick retries.
-                eprintln!("kalos: background snapshot {} failed: {e}; the logs are kept and it will be retried", snap_name(b.gen));
+                eprintln!("kalos: background snapshot {} failed: {e}; the logs are kept and it will be retried in 60 s", snap_name(b.gen));
+                self.retry_at = Some(Instant::now() + Duration::from_secs(60));
                 let _ = fs::remove_file(self.dir.join(format!("{}.tmp", snap_name(b.gen))));
                 self.log_since_snap += b.pending_bytes;
             }
@@ -1199,6 +1205,7 @@ impl Persist {
 
     /// Snapshot `g` is complete (renamed and the directory fsynced): drop what it replaces.
     fn finish_snapshot(&mut self, g: u64, seq: u64, size: u64) {
+        self.retry_at = None;
         self.snap_gen = g;
         self.snap_seq = seq;
         self.snap_bytes = size;
