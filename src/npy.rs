@@ -101,6 +101,15 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
     write_file(path, &out)
 }
 
+/// Writes `<f2` (IEEE half; values are rounded to nearest).
+pub fn write_f16(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
+    let mut out = header_bytes("<f2", shape);
+    for x in data {
+        out.extend_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+    }
+    write_file(path, &out)
+}
+
 pub fn write_u64(path: &Path, data: &[u64]) -> Result<()> {
     let mut out = header_bytes("<u8", &[data.len()]);
     for x in data {
