@@ -292,6 +292,12 @@ impl Server {
                 self.process_batch();
                 last_work = Instant::now();
                 h.heartbeat_ms.store(shm::monotonic_ms(), Ordering::Relaxed);
+                // Under sustained load there is never an idle poll: run housekeeping (reclaim,
+                // expiry, log sync, compaction) between batches once it is due.
+                if last_house.elapsed() >= HOUSEKEEPING {
+                    self.housekeeping();
+                    last_house = Instant::now();
+                }
                 continue;
             }
             if last_house.elapsed() >= HOUSEKEEPING {

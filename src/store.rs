@@ -179,6 +179,8 @@ impl Store {
     /// Applies a validated batch. Within one batch a duplicate id is applied in order, so the
     /// last occurrence wins.
     pub fn apply_upsert(&mut self, items: &[UpsertItem<'_>]) {
+        let add = items.len().min(self.capacity.saturating_sub(self.len()));
+        self.reserve(add);
         for it in items {
             self.put(it);
         }
@@ -233,6 +235,18 @@ impl Store {
         self.payload_bytes += plen;
         self.payloads[row] = payload;
         self.dirty.push(row as u32);
+    }
+
+    /// Reserves room for `n` more rows in every column (amortised growth, no per-row reallocation).
+    pub fn reserve(&mut self, n: usize) {
+        self.vectors.reserve(n * self.dim);
+        self.norms.reserve(n);
+        self.ids.reserve(n);
+        self.namespaces.reserve(n);
+        self.created_ms.reserve(n);
+        self.expires_ms.reserve(n);
+        self.payloads.reserve(n);
+        self.index.reserve(n);
     }
 
     /// Checks that every id exists (reports the first that does not); changes nothing.

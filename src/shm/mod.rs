@@ -163,8 +163,14 @@ fn cstr(s: &str) -> CString {
 pub fn process_start_ticks(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &s[s.rfind(')')? + 2..];
-    // fields after ")" start at field 3 (state); starttime is field 22 → index 19
-    after.split_whitespace().nth(19)?.parse().ok()
+    let mut f = after.split_whitespace();
+    // Fields after ")" start at field 3 (state). A zombie (exited, not yet reaped) or dead
+    // task is not alive, whatever its pid says.
+    if matches!(f.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    // starttime is field 22 → index 19 from the state field, 18 after consuming it.
+    f.nth(18)?.parse().ok()
 }
 
 pub fn self_start_ticks() -> u64 {
