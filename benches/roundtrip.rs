@@ -396,7 +396,9 @@ fn main() {
     let idle = if kalosd.exists() { idle_cpu(&kalosd).unwrap_or_else(|| "idle check failed".into()) } else { format!("{} not built; run `cargo build --release --bin kalosd`", kalosd.display()) };
 
     // 5. Peers.
+    let lib = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("libkalos.so");
     let peers = Command::new("python3")
+        .env("KALOS_LIB", &lib)
         .arg(root.join("benches/peers.py"))
         .arg(&dir)
         .args(&tags)

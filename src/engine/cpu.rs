@@ -32,8 +32,10 @@
 //! hand-written NEON was left out because it could not be compiled or tested on this machine.
 //!
 //! # Threads
-//! Rows are split into one contiguous range per worker; each worker keeps its own top-k per
-//! query and the server thread merges them. Workers are scoped threads spawned per search,
+//! Workers (the server thread is one of them) claim ~1 MiB chunks of rows from a shared counter,
+//! so a worker that the OS deschedules on a busy machine does not hold up the scan; each keeps
+//! its own top-k per query and the server thread merges them (the merged result is the same
+//! whatever the split: selection is a total order on (key, id)). Workers are scoped threads spawned per search,
 //! only when the table is large enough for the split to pay ([`CpuEngine::set_parallel_min_bytes`],
 //! default 8 MiB of vectors). A persistent pool would save the spawn (~20–50 µs here), but its
 //! wake-up is a futex wake of about the same cost on these VMs (a futex ping-pong is ~45 µs)
@@ -728,19 +730,26 @@ impl Engine for CpuEngine {
         if t == 1 {
             scan(&ctx, &mut self.workers[0], 0, len);
         } else {
-            // Contiguous ranges, multiples of 16 rows, the last one takes the rest.
-            let per = (len.div_ceil(t) + 15) & !15;
-            let ctx = &ctx;
+            // Dynamic split: workers (the calling thread included) claim chunks of rows from a
+            // shared counter until none are left. On a shared machine one worker is often
+            // descheduled for milliseconds; with a static split the scan would wait for it,
+            // here the others take its share. Chunks are whole blocks of ~1 MiB.
+            let chunk = (((1usize << 20) / (dim * 4)).max(1).div_ceil(block_rows) * block_rows).min(len.div_ceil(t).max(16));
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let work = |w: &mut Worker| loop {
+                let r0 = next.fetch_add(chunk, std::sync::atomic::Ordering::Relaxed);
+                if r0 >= len {
+                    break;
+                }
+                scan(&ctx, w, r0, (r0 + chunk).min(len));
+            };
+            let work = &work;
             let (first, rest) = self.workers[..t].split_first_mut().unwrap();
             std::thread::scope(|s| {
-                for (i, w) in rest.iter_mut().enumerate() {
-                    let r0 = ((i + 1) * per).min(len);
-                    let r1 = ((i + 2) * per).min(len);
-                    if r0 < r1 {
-                        s.spawn(move || scan(ctx, w, r0, r1));
-                    }
+                for w in rest.iter_mut() {
+                    s.spawn(move || work(w));
                 }
-                scan(ctx, first, 0, per.min(len));
+                work(first);
             });
             let (first, rest) = self.workers[..t].split_first_mut().unwrap();
             for w in rest.iter() {
