@@ -53,7 +53,7 @@ def head_to_head(lib, faiss, tag, x, qs, iters, threads):
     lib.kalos_options_init(ctypes.byref(o))
     o.role, o.dim, o.metric, o.backend = 1, x.shape[1], 0, 1  # server, ip, cpu
     o.capacity, o.threads, o.timeout_ms = x.shape[0], threads, 120000
-    o.client_spin_ns, o.server_spin_ns = 20000, 2000000
+    o.client_spin_ns, o.server_spin_ns = int(os.environ.get("KALOS_H2H_SPIN", "20000")), 2000000
     h = ctypes.c_void_p()
     name = f"peers-{os.getpid()}-{tag}-{threads}".encode()
     st = lib.kalos_open(name, ctypes.byref(o), ctypes.byref(h))
