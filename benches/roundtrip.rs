@@ -174,6 +174,8 @@ fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, spin: bool) -> Option<[
         let ids: Vec<u64> = (0..rows.len() / cfg.dim).map(|i| (ci * chunk + i) as u64).collect();
         s.upsert(&ids, rows, &UpsertOptions::default()).expect("upsert");
     }
+    let st = s.stats().expect("stats");
+    assert_eq!(st.count as usize, cfg.rows, "server holds every row");
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
         .args(["client", &name, &cfg.requests.to_string(), &(if spin { SPIN_NS } else { 0 }).to_string(), &cfg.dim.to_string()])
