@@ -484,7 +484,10 @@ impl Worker {
 
 /// Everything a worker reads (shared, read-only).
 struct Ctx<'a> {
+    /// Instruction set of the batched tile kernel.
     isa: Isa,
+    /// Instruction set of the single-query streaming kernel (see [`CpuEngine::with_isa`]).
+    scan_isa: Isa,
     metric: Metric,
     dim: usize,
     nq: usize,
@@ -506,6 +509,7 @@ struct Ctx<'a> {
 pub struct CpuEngine {
     threads: usize,
     isa: Isa,
+    scan_isa: Isa,
     par_min_bytes: usize,
     workers: Vec<Worker>,
     qnorms: Vec<f32>,
@@ -521,12 +525,20 @@ impl CpuEngine {
     /// supported by this CPU, so it is always safe.
     pub fn with_isa(threads: usize, isa: Isa) -> CpuEngine {
         let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        let isa = if Isa::available().contains(&isa) { isa } else { Isa::Scalar };
+        let avail = Isa::available();
+        let isa = if avail.contains(&isa) { isa } else { Isa::Scalar };
+        // Single-query scans are memory-bound: there the 256-bit kernel streams as fast as a
+        // plain sum, while the 512-bit one measured ~20% slower on Zen 4 (100k×384, 7.1 vs
+        // 8.6 ms, min of 10, `roundtrip probe`): the store's rows start 16 bytes past a cache
+        // line (malloc alignment), so every 64-byte load spans two lines, and Zen 4 executes
+        // 512-bit ops as two 256-bit halves anyway. In cache both are equal. AVX-512 keeps the
+        // batched tile kernel, where its 32 registers allow the 4×4 tile.
+        let scan_isa = if isa == Isa::Avx512 && avail.contains(&Isa::Avx2) { Isa::Avx2 } else { isa };
         let par_min_bytes = std::env::var("KALOS_CPU_PARALLEL_MIN_BYTES")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
-        CpuEngine { threads, isa, par_min_bytes, workers: Vec::new(), qnorms: Vec::new() }
+        CpuEngine { threads, isa, scan_isa, par_min_bytes, workers: Vec::new(), qnorms: Vec::new() }
     }
 
     pub fn isa(&self) -> Isa {
@@ -591,7 +603,7 @@ fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
         let m = rows.len();
         if c.nq == 1 {
             let s = &mut sbuf[..m];
-            scores(c.isa, l2, &c.queries[..dim], c.vectors, dim, rows, s);
+            scores(c.scan_isa, l2, &c.queries[..dim], c.vectors, dim, rows, s);
             select(c, &mut tops[0], rows, s, None);
         } else {
             let mut a0 = 0;
@@ -709,6 +721,7 @@ impl Engine for CpuEngine {
 
         let ctx = Ctx {
             isa: self.isa,
+            scan_isa: self.scan_isa,
             metric,
             dim,
             nq,
