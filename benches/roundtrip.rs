@@ -131,10 +131,7 @@ fn client_main(args: &[String]) {
     let n: usize = args[1].parse().unwrap();
     let spin: u64 = args[2].parse().unwrap();
     let dim: usize = args[3].parse().unwrap();
-    let mut o = Options::default();
-    o.role = Role::Client;
-    o.client_spin_ns = spin;
-    o.timeout_ms = 120_000;
+    let o = Options { role: Role::Client, client_spin_ns: spin, timeout_ms: 120_000, ..Options::default() };
     let c = Kalos::open(name, &o).expect("client open");
     let mut r = StdRng::seed_from_u64(7);
     let qs: Vec<f32> = (0..NQ * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
@@ -159,15 +156,17 @@ fn client_main(args: &[String]) {
 /// Round trip through a server in this process and a client in a child process.
 fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, spin: bool) -> Option<[f64; 4]> {
     let name = format!("bench-{}-{}-{}", std::process::id(), cfg.tag, if spin { "spin" } else { "futex" });
-    let mut o = Options::default();
-    o.role = Role::Server;
-    o.dim = cfg.dim as u32;
-    o.metric = Metric::InnerProduct;
-    o.backend = Backend::Cpu;
-    o.capacity = cfg.rows.max(1) as u64;
-    o.server_spin_ns = if spin { SPIN_NS } else { 0 };
-    o.threads = threads as u32;
-    o.timeout_ms = 120_000;
+    let o = Options {
+        role: Role::Server,
+        dim: cfg.dim as u32,
+        metric: Metric::InnerProduct,
+        backend: Backend::Cpu,
+        capacity: cfg.rows.max(1) as u64,
+        server_spin_ns: if spin { SPIN_NS } else { 0 },
+        threads: threads as u32,
+        timeout_ms: 120_000,
+        ..Options::default()
+    };
     let s = Kalos::open(&name, &o).expect("server open");
     let chunk = 4096;
     for (ci, rows) in vecs.chunks(chunk * cfg.dim).enumerate() {
@@ -259,9 +258,7 @@ fn idle_cpu(kalosd: &Path, spin_us: u64) -> Option<String> {
         .stderr(std::process::Stdio::null())
         .spawn()
         .ok()?;
-    let mut o = Options::default();
-    o.role = Role::Client;
-    o.timeout_ms = 10_000;
+    let o = Options { role: Role::Client, timeout_ms: 10_000, ..Options::default() };
     let t0 = Instant::now();
     let c = loop {
         match Kalos::open(&name, &o) {

@@ -790,6 +790,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn kernels_match_f64_for_every_isa_and_odd_dims() {
         let seed: u64 = rand::random();
         println!("seed {seed}");
