@@ -4,7 +4,14 @@
 usage: peers.py DIR TAG:ITERS [TAG:ITERS ...]
 Reads DIR/TAG_x.npy (n, d) float32, DIR/TAG_q.npy (nq, d) float32 and DIR/TAG_ids.npy (Kalos'
 top-10 ids of query 0) and prints a markdown table of single-query p50/p99 in microseconds.
+
+With KALOS_LIB=path/to/libkalos.so it also runs a head-to-head: a Kalos server in this process
+(through the C ABI, ctypes) and faiss IndexFlatIP with the same thread count, one query each in
+alternation, so both see the same machine load at the same moment (the machines these run on
+are shared, and numbers taken minutes apart are not comparable). Kalos' time there is a full
+recall (slot round trip to its server thread + scan + top-k).
 """
+import ctypes
 import os
 import sys
 import time
@@ -25,6 +32,75 @@ def timeit(fn, qs, iters):
         lat.append(time.perf_counter_ns() - t0)
     lat.sort()
     return lat[len(lat) // 2] / 1e3, lat[min(len(lat) - 1, int(round((len(lat) - 1) * 0.99)))] / 1e3
+
+
+class KalosOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("role", ctypes.c_uint32), ("dim", ctypes.c_uint32),
+        ("metric", ctypes.c_uint32), ("dtype", ctypes.c_uint32), ("backend", ctypes.c_uint32),
+        ("capacity", ctypes.c_uint64), ("slots", ctypes.c_uint32), ("slot_bytes", ctypes.c_uint32),
+        ("mode", ctypes.c_uint32), ("max_payload_bytes", ctypes.c_uint32),
+        ("client_spin_ns", ctypes.c_uint64), ("server_spin_ns", ctypes.c_uint64),
+        ("timeout_ms", ctypes.c_uint64), ("heartbeat_timeout_ms", ctypes.c_uint64),
+        ("data_dir", ctypes.c_char_p), ("sync_policy", ctypes.c_uint32), ("threads", ctypes.c_uint32),
+        ("sync_interval_ms", ctypes.c_uint64), ("gpu_memory_bytes", ctypes.c_uint64),
+    ]
+
+
+def head_to_head(lib, faiss, tag, x, qs, iters, threads):
+    """Alternates kalos_recall (server with `threads` engine threads) and faiss with `threads`."""
+    o = KalosOptions()
+    lib.kalos_options_init(ctypes.byref(o))
+    o.role, o.dim, o.metric, o.backend = 1, x.shape[1], 0, 1  # server, ip, cpu
+    o.capacity, o.threads, o.timeout_ms = x.shape[0], threads, 120000
+    o.client_spin_ns, o.server_spin_ns = int(os.environ.get("KALOS_H2H_SPIN", "20000")), 2000000
+    h = ctypes.c_void_p()
+    name = f"peers-{os.getpid()}-{tag}-{threads}".encode()
+    st = lib.kalos_open(name, ctypes.byref(o), ctypes.byref(h))
+    if st != 0:
+        return f"kalos_open failed: {st}"
+    try:
+        n, d = x.shape
+        for i in range(0, n, 4096):
+            ids = np.arange(i, min(n, i + 4096), dtype=np.uint64)
+            v = np.ascontiguousarray(x[i:i + len(ids)])
+            st = lib.kalos_upsert(h, ids.ctypes.data, len(ids), v.ctypes.data, v.size, None)
+            if st != 0:
+                return f"kalos_upsert failed: {st}"
+        out_ids = np.zeros(K, dtype=np.uint64)
+        out_sc = np.zeros(K, dtype=np.float32)
+        cnt = ctypes.c_size_t()
+        qs = np.ascontiguousarray(qs, dtype=np.float32)
+
+        def kal(q):
+            st = lib.kalos_recall(h, q.ctypes.data, d, K, None, out_ids.ctypes.data, K, out_sc.ctypes.data, K, ctypes.byref(cnt))
+            assert st == 0, st
+
+        index = faiss.IndexFlatIP(d)
+        index.add(x)
+        faiss.omp_set_num_threads(threads)
+
+        def fai(q):
+            index.search(q[None, :], K)
+
+        for i in range(3):
+            kal(qs[i]); fai(qs[i])
+        lk, lf = [], []
+        for i in range(iters):
+            q = qs[i % len(qs)]
+            for fn, lat in ((kal, lk), (fai, lf)) if i % 2 == 0 else ((fai, lf), (kal, lk)):
+                t0 = time.perf_counter_ns()
+                fn(q)
+                lat.append(time.perf_counter_ns() - t0)
+        kal(qs[0])
+        fids = index.search(qs[0][None, :], K)[1][0]
+        same = np.array_equal(out_ids.astype(np.int64), fids)
+        lk.sort(); lf.sort()
+        p = lambda l, f: l[min(len(l) - 1, int(round((len(l) - 1) * f)))] / 1e3
+        return (f"| {tag} | x{threads} | {p(lk, .5):.1f} | {p(lk, .99):.1f} | {lk[0]/1e3:.1f} | "
+                f"{p(lf, .5):.1f} | {p(lf, .99):.1f} | {lf[0]/1e3:.1f} | {p(lk, .5) / p(lf, .5):.2f} | {same} |")
+    finally:
+        lib.kalos_close(h)
 
 
 def main():
@@ -63,6 +139,28 @@ def main():
             del index
         del x
         sys.stdout.flush()
+    lib_path = os.environ.get("KALOS_LIB")
+    if not (lib_path and faiss is not None):
+        return
+    lib = ctypes.CDLL(lib_path)
+    lib.kalos_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.kalos_close.argtypes = [ctypes.c_void_p]
+    lib.kalos_upsert.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.kalos_recall.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    print()
+    print("Head-to-head, same process, alternating queries (µs): Kalos recall through its server thread vs faiss IndexFlatIP")
+    print()
+    print("| table | threads | kalos p50 | kalos p99 | kalos min | faiss p50 | faiss p99 | faiss min | kalos/faiss p50 | same top-10 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for arg in sys.argv[2:]:
+        tag, iters = arg.split(":")
+        x = np.load(os.path.join(d, f"{tag}_x.npy"))
+        qs = np.load(os.path.join(d, f"{tag}_q.npy"))
+        for nt in sorted({1, ncpu}):
+            print(head_to_head(lib, faiss, tag, x, qs, int(iters), nt))
+            sys.stdout.flush()
+        del x
 
 
 if __name__ == "__main__":

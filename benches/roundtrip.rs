@@ -93,6 +93,18 @@ fn sum(x: &[f32]) -> f32 {
     sum_plain(x)
 }
 
+/// Nanoseconds for `threads` threads to sum disjoint parts of `buf` (spawn included, as in the engine).
+fn timed_sum(buf: &[f32], threads: usize) -> f64 {
+    let t0 = Instant::now();
+    let per = buf.len().div_ceil(threads);
+    let total: f32 = std::thread::scope(|s| {
+        let hs: Vec<_> = buf.chunks(per).skip(1).map(|c| s.spawn(move || sum(c))).collect();
+        sum(&buf[..per.min(buf.len())]) + hs.into_iter().map(|h| h.join().unwrap()).sum::<f32>()
+    });
+    std::hint::black_box(total);
+    t0.elapsed().as_nanos() as f64
+}
+
 /// Best-of-5 read bandwidth (bytes/s) of `threads` threads summing disjoint parts of `buf`.
 fn read_bandwidth(buf: &[f32], threads: usize) -> f64 {
     let mut best = 0.0f64;
@@ -119,10 +131,7 @@ fn client_main(args: &[String]) {
     let n: usize = args[1].parse().unwrap();
     let spin: u64 = args[2].parse().unwrap();
     let dim: usize = args[3].parse().unwrap();
-    let mut o = Options::default();
-    o.role = Role::Client;
-    o.client_spin_ns = spin;
-    o.timeout_ms = 120_000;
+    let o = Options { role: Role::Client, client_spin_ns: spin, timeout_ms: 120_000, ..Options::default() };
     let c = Kalos::open(name, &o).expect("client open");
     let mut r = StdRng::seed_from_u64(7);
     let qs: Vec<f32> = (0..NQ * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
@@ -147,21 +156,25 @@ fn client_main(args: &[String]) {
 /// Round trip through a server in this process and a client in a child process.
 fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, spin: bool) -> Option<[f64; 4]> {
     let name = format!("bench-{}-{}-{}", std::process::id(), cfg.tag, if spin { "spin" } else { "futex" });
-    let mut o = Options::default();
-    o.role = Role::Server;
-    o.dim = cfg.dim as u32;
-    o.metric = Metric::InnerProduct;
-    o.backend = Backend::Cpu;
-    o.capacity = cfg.rows.max(1) as u64;
-    o.server_spin_ns = if spin { SPIN_NS } else { 0 };
-    o.threads = threads as u32;
-    o.timeout_ms = 120_000;
+    let o = Options {
+        role: Role::Server,
+        dim: cfg.dim as u32,
+        metric: Metric::InnerProduct,
+        backend: Backend::Cpu,
+        capacity: cfg.rows.max(1) as u64,
+        server_spin_ns: if spin { SPIN_NS } else { 0 },
+        threads: threads as u32,
+        timeout_ms: 120_000,
+        ..Options::default()
+    };
     let s = Kalos::open(&name, &o).expect("server open");
     let chunk = 4096;
     for (ci, rows) in vecs.chunks(chunk * cfg.dim).enumerate() {
         let ids: Vec<u64> = (0..rows.len() / cfg.dim).map(|i| (ci * chunk + i) as u64).collect();
         s.upsert(&ids, rows, &UpsertOptions::default()).expect("upsert");
     }
+    let st = s.stats().expect("stats");
+    assert_eq!(st.count as usize, cfg.rows, "server holds every row");
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
         .args(["client", &name, &cfg.requests.to_string(), &(if spin { SPIN_NS } else { 0 }).to_string(), &cfg.dim.to_string()])
@@ -237,17 +250,15 @@ fn proc_cpu(pid: u32) -> (u64, u64) {
     (ticks, ns)
 }
 
-fn idle_cpu(kalosd: &Path) -> Option<String> {
-    let name = format!("bench-idle-{}", std::process::id());
+fn idle_cpu(kalosd: &Path, spin_us: u64) -> Option<String> {
+    let name = format!("bench-idle-{}-{spin_us}", std::process::id());
     let mut child = Command::new(kalosd)
-        .args(["serve", "--name", &name, "--dim", "8", "--metric", "ip", "--backend", "cpu", "--server-spin-us", "2000"])
+        .args(["serve", "--name", &name, "--dim", "8", "--metric", "ip", "--backend", "cpu", "--server-spin-us", &spin_us.to_string()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .ok()?;
-    let mut o = Options::default();
-    o.role = Role::Client;
-    o.timeout_ms = 10_000;
+    let o = Options { role: Role::Client, timeout_ms: 10_000, ..Options::default() };
     let t0 = Instant::now();
     let c = loop {
         match Kalos::open(&name, &o) {
@@ -263,7 +274,7 @@ fn idle_cpu(kalosd: &Path) -> Option<String> {
     for _ in 0..100 {
         c.recall(&[1.0; 8], 1, &RecallOptions::default()).ok()?;
     }
-    // Spin window is 2 ms; give it 0.5 s to park, then watch for 3 s.
+    // Give the spin window 0.5 s to end, then watch for 3 s.
     std::thread::sleep(Duration::from_millis(500));
     let (t_a, ns_a) = proc_cpu(child.id());
     let w0 = Instant::now();
@@ -277,7 +288,7 @@ fn idle_cpu(kalosd: &Path) -> Option<String> {
     let _ = child.wait();
     let ms = (ns_b - ns_a) as f64 / 1e6;
     Some(format!(
-        "idle kalosd over {wall:.2} s after its 2 ms spin window: utime+stime {} ticks ({} ms at 100 Hz), on-CPU {ms:.3} ms from schedstat ({:.4}% of one core)",
+        "idle kalosd --server-spin-us {spin_us}, over {wall:.2} s after its spin window: utime+stime {} ticks ({} ms at 100 Hz), on-CPU {ms:.3} ms from schedstat ({:.4}% of one core)",
         t_b - t_a,
         (t_b - t_a) * 10,
         100.0 * ms / 1e3 / wall
@@ -345,11 +356,17 @@ fn main() {
             let bytes = (cfg.rows * cfg.dim * 4) as f64;
             let mut e1 = CpuEngine::new(1);
             let mut en = CpuEngine::new(threads);
-            let s1 = scan_times(&mut e1, &st, &qs, 1, cfg.scans);
-            let sn = scan_times(&mut en, &st, &qs, 1, cfg.scans);
+            // Interleaved rounds, so the floor and the scan see the same machine load: a plain
+            // sum over the table's own memory (1 and N threads), then a single-query scan.
+            let (mut f1, mut s1, mut f_n, mut sn) = (vec![], vec![], vec![], vec![]);
+            for _ in 0..cfg.scans {
+                f1.push(timed_sum(st.vectors(), 1));
+                s1.push(scan_times(&mut e1, &st, &qs, 1, 1)[0]);
+                f_n.push(timed_sum(st.vectors(), threads));
+                sn.push(scan_times(&mut en, &st, &qs, 1, 1)[0]);
+            }
+            let (f1, s1, f_n, sn) = (sorted(f1), sorted(s1), sorted(f_n), sorted(sn));
             let b16 = scan_times(&mut en, &st, &qs, 16, (cfg.scans / 8).max(5));
-            let floor1 = bytes / bw1 * 1e9;
-            let floorn = bytes / bwn * 1e9;
             // Top-10 ids of query 0 for the peers to compare.
             let f = Filter::all();
             let mut out = Vec::new();
@@ -357,19 +374,17 @@ fn main() {
             let ids: Vec<u64> = out[0].iter().map(|h| h.id).collect();
             kalos::npy::write_u64(&dir.join(format!("{}_ids.npy", cfg.tag)), &ids).unwrap();
             drop(st);
+            let cell = |s: &[f64], f: &[f64]| format!("{:.0} / {:.0} = {:.2}× (min {:.2}×)", pct(s, 0.5) / 1e3, pct(f, 0.5) / 1e3, pct(s, 0.5) / pct(f, 0.5), s[0] / f[0]);
             scan_rows.push(format!(
-                "| {} | {:.1} MB | {:.1} / {:.1} | {:.2}× | {:.1} / {:.1} | {:.2}× | {:.1} |",
+                "| {} | {:.1} MB | {} | {} | {:.1} | {:.1} GB/s |",
                 cfg.tag,
                 bytes / 1e6,
-                pct(&s1, 0.5) / 1e3,
-                floor1 / 1e3,
-                pct(&s1, 0.5) / floor1,
-                pct(&sn, 0.5) / 1e3,
-                floorn / 1e3,
-                pct(&sn, 0.5) / floorn,
+                cell(&s1, &f1),
+                cell(&sn, &f_n),
                 pct(&b16, 0.5) / 1e3,
+                bytes / pct(&f_n, 0.5),
             ));
-            println!("scan {}: x1 p50 {:.1} µs (floor {:.1}), x{threads} p50 {:.1} µs (floor {:.1}), batch16 {:.1} µs/query", cfg.tag, pct(&s1, 0.5) / 1e3, floor1 / 1e3, pct(&sn, 0.5) / 1e3, floorn / 1e3, pct(&b16, 0.5) / 1e3);
+            println!("{}", scan_rows.last().unwrap());
         }
         // 3. Round trips.
         for spin in [true, false] {
@@ -393,10 +408,14 @@ fn main() {
 
     // 4. Idle CPU.
     let kalosd = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kalosd");
-    let idle = if kalosd.exists() { idle_cpu(&kalosd).unwrap_or_else(|| "idle check failed".into()) } else { format!("{} not built; run `cargo build --release --bin kalosd`", kalosd.display()) };
+    let idle = if kalosd.exists() {
+        [2000, 0].iter().map(|&us| idle_cpu(&kalosd, us).unwrap_or_else(|| "idle check failed".into())).collect::<Vec<_>>().join("\n")
+    } else { format!("{} not built; run `cargo build --release --bin kalosd`", kalosd.display()) };
 
     // 5. Peers.
+    let lib = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("libkalos.so");
     let peers = Command::new("python3")
+        .env("KALOS_LIB", &lib)
         .arg(root.join("benches/peers.py"))
         .arg(&dir)
         .args(&tags)
@@ -412,9 +431,9 @@ fn main() {
         println!("{r}");
     }
     println!();
-    println!("## In-process CPU scan, single query, p50 (µs) vs read-bandwidth floor");
-    println!("| table | bytes | x1 scan / floor | x1 ratio | x{threads} scan / floor | x{threads} ratio | batch of 16, per query |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("## In-process CPU scan, single query k={K}: scan p50 / floor p50 (µs); floor = plain sum over the same table, interleaved");
+    println!("| table | bytes | 1 thread | {threads} threads | batch of 16, µs per query ({threads} thr) | floor bandwidth ({threads} thr) |");
+    println!("|---|---|---|---|---|---|");
     for r in &scan_rows {
         println!("{r}");
     }
@@ -437,14 +456,22 @@ fn probe(args: &[String]) {
     let st = build_store(&vecs, dim);
     drop(vecs);
     let mut e = CpuEngine::new(1);
+    let mut es: Vec<CpuEngine> = kalos::engine::cpu::Isa::available().into_iter().map(|i| CpuEngine::with_isa(1, i)).collect();
     let (mut bs, mut bt) = (f64::MAX, f64::MAX);
+    let mut bi = vec![f64::MAX; es.len()];
     for _ in 0..10 {
         let t0 = Instant::now();
         std::hint::black_box(sum(st.vectors()));
         bs = bs.min(t0.elapsed().as_secs_f64() * 1e6);
         bt = bt.min(scan_times(&mut e, &st, &qs, 1, 1)[0] / 1e3);
+        for (i, e) in es.iter_mut().enumerate() {
+            bi[i] = bi[i].min(scan_times(e, &st, &qs, 1, 1)[0] / 1e3);
+        }
     }
     println!("probe {rows}x{dim}: sum {bs:.0} us, scan {bt:.0} us, ratio {:.2}", bt / bs);
+    for (i, e) in es.iter().enumerate() {
+        println!("  {}: {:.0} us", e.describe(), bi[i]);
+    }
     for nq in [4usize, 16, 64] {
         let b = scan_times(&mut e, &st, &qs, nq, 5)[0] / 1e3;
         println!("  batch {nq} x1: {b:.1} us/query, {:.2} GFLOP/s", 2.0 * (rows * dim) as f64 / b / 1e3);

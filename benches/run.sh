@@ -4,5 +4,5 @@
 # Peers need: pip install numpy faiss-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nice cargo build --release --bin kalosd
+nice cargo build --release --lib --bin kalosd   # libkalos.so for the head-to-head in peers.py
 nice cargo bench --bench roundtrip -- "$@"

@@ -261,7 +261,8 @@ fn deletes_and_k_above_count() {
             }
         }
         // k above the count returns the count.
-        st.delete(&st.ids()[..1490].to_vec()).unwrap();
+        let victims: Vec<u64> = st.ids()[..1490].to_vec();
+        st.delete(&victims).unwrap();
         let got = run(&mut e, &st, &req(&q[..dim], 1, 1024, &all));
         assert_eq!(got[0].len(), 10);
         check(&st, &req(&q[..dim], 1, 1024, &all), &got, &format!("{} 10 rows k 1024", m.name()));
