@@ -265,7 +265,7 @@ typedef struct kalos_stats_info {
   uint64_t queries;
   uint64_t batches;
   uint64_t errors;
-  // Server-side service time percentiles over the last 4096 requests, ns.
+  // Server-side service time percentiles of the last 4096 recall requests, ns.
   uint64_t p50_ns;
   uint64_t p99_ns;
   // Requests taken in the last batch.

@@ -164,7 +164,7 @@ pub struct Stats {
     pub queries: u64,
     pub batches: u64,
     pub errors: u64,
-    /// Server-side service time percentiles over the last 4096 requests, in nanoseconds.
+    /// Server-side service time percentiles of the last 4096 recall requests, in nanoseconds.
     pub p50_ns: u64,
     pub p99_ns: u64,
     /// Submitted requests waiting when the last batch was taken.

@@ -241,7 +241,7 @@ pub struct kalos_stats_info {
     pub queries: u64,
     pub batches: u64,
     pub errors: u64,
-    /// Server-side service time percentiles over the last 4096 requests, ns.
+    /// Server-side service time percentiles of the last 4096 recall requests, ns.
     pub p50_ns: u64,
     pub p99_ns: u64,
     /// Requests taken in the last batch.
