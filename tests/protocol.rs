@@ -264,7 +264,11 @@ fn large_calls_are_split_or_refused() {
     let res = s.recall_batch(&v[..nq * dim], nq, 3, &RecallOptions::default()).unwrap();
     for (i, hits) in res.iter().enumerate() {
         let single = s.recall(&v[i * dim..(i + 1) * dim], 3, &RecallOptions::default()).unwrap();
-        assert_eq!(hits, &single, "batch row {i} equals the single query");
+        // Same ids; scores may differ in the last bits (the batch kernel sums in another order).
+        assert_eq!(hits.iter().map(|h| h.id).collect::<Vec<_>>(), single.iter().map(|h| h.id).collect::<Vec<_>>(), "batch row {i}");
+        for (a, b) in hits.iter().zip(&single) {
+            assert!((a.score - b.score).abs() <= 1e-5 * (1.0 + b.score.abs()), "batch row {i}: {a:?} vs {b:?}");
+        }
     }
     // k=1000 hits need 12 KB of response: more than a slot.
     assert_eq!(s.recall(&v[..dim], 1000, &RecallOptions::default()).unwrap_err().status, Status::TooLarge);
