@@ -374,6 +374,9 @@ pub struct CudaEngine {
     cpu: CpuEngine,
     last_cpu: bool,
     failed: Option<String>,
+    /// Test hook (KALOS_CUDA_FAULT_AFTER=n): the n+1-th GPU search fails with a CUDA error.
+    fault_after: Option<u64>,
+    searches: u64,
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -481,9 +484,12 @@ impl CudaEngine {
             cpu: CpuEngine::new(opts.threads as usize),
             last_cpu: false,
             failed: None,
+            fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
+            searches: 0,
         };
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
-        let initial = store.len().max(store.capacity().min(1 << 16)).max(1024);
+        let max_rows = e.limit_bytes / e.row_bytes();
+        let initial = store.len().max(store.capacity().min(1 << 16).min(max_rows)).max(1);
         e.ensure_capacity(initial)?;
         e.sync_stream()?;
         Ok(e)
@@ -1069,6 +1075,10 @@ impl Engine for CudaEngine {
             return Ok(());
         }
         self.guarded("search", |e| {
+            e.searches += 1;
+            if e.fault_after.is_some_and(|n| e.searches > n) {
+                return Err(Error::new(Status::Cuda, "injected fault (KALOS_CUDA_FAULT_AFTER)"));
+            }
             if req.nq == 1 {
                 let h = e.search_one(store, req, &req.queries[..e.dim])?;
                 out.clear();
