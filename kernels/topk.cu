@@ -88,6 +88,8 @@ struct Params {
     u32 chunk;    // rows per block
     u32 ntiles;   // batched path: candidate blocks per query = ntiles * grid
     u32 tile;     // batched path: index of this tile
+    u32 seq;      // single query: sequence number published after the results
+    float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
     u64 ns[MAXNS];
 };
 #define PARAMS_BYTES 640
@@ -155,6 +157,24 @@ __device__ __forceinline__ float dot16(uint4 v, const float* q, float acc) {
 #endif
     return acc;
 }
+
+#if DTYPE == 1 && QREG
+// f16 storage: packed half2 products of 8 elements summed in f16 (4 HFMA2), then added in f32.
+// One 16-byte load costs 4 HFMA2 + 2 conversions instead of 8 conversions + 8 FFMA: the
+// conversion rate, not memory, bounded the plain version. The query is pre-scaled to |q| <= 1
+// (P.qscale) so partial sums stay far from the f16 range limit for stored |x| < ~8000.
+#define HALF2_DOT 1
+__device__ __forceinline__ float dot16h(uint4 v, const u32* qh, float acc) {
+    u32 a;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a) : "r"(v.x), "r"(qh[0]), "r"(0u));
+    asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(a) : "r"(v.y), "r"(qh[1]));
+    asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(a) : "r"(v.z), "r"(qh[2]));
+    asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(a) : "r"(v.w), "r"(qh[3]));
+    return acc + h2f(a & 0xffffu) + h2f(a >> 16);
+}
+#else
+#define HALF2_DOT 0
+#endif
 
 // Raw similarity (dot, or for l2 the dot turned into a negated distance) -> ranking key,
 // applying recency, the namespace filter and expiry. `sns` is the filter in shared memory.
@@ -261,8 +281,8 @@ __device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S) {
         __syncthreads();
         // Counts from the top digit down: thread t looks at digit 255 - t.
         u32 v = S.hist[255 - t];
+        u32 need = S.need;  // read before block_scan: its barriers keep the write below after every read
         u32 incl = block_scan(v, S);
-        u32 need = S.need;
         if (pass == 0 && t == NT - 1) S.total = incl;
         if (incl >= need && incl - v < need) {
             S.prefix = prefix | ((u32)(255 - t) << shift);
@@ -296,8 +316,8 @@ __device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S) {
         }
         __syncthreads();
         u32 v = S.hist[t];  // ascending digits: smallest ids first
-        u32 incl = block_scan(v, S);
         u32 need = S.idneed;
+        u32 incl = block_scan(v, S);
         if (incl >= need && incl - v < need) {
             S.idprefix = ip | ((u64)t << shift);
             S.idmask = im | (255ull << shift);
@@ -419,7 +439,20 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     const int lane = t & (GS - 1);
     const int grp = t / GS;
     const int ngrp = NT / GS;
-#if QREG
+#if HALF2_DOT
+    const float qinv = 1.0f / P.qscale;
+    u32 qh[NCH][4];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        int vi = c * GS + lane;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float lo = (vi < NV) ? qg[vi * VEC + 2 * e] * qinv : 0.0f;
+            float hi = (vi < NV) ? qg[vi * VEC + 2 * e + 1] * qinv : 0.0f;
+            qh[c][e] = (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+        }
+    }
+#elif QREG
     float qr[NCH][VEC];
 #pragma unroll
     for (int c = 0; c < NCH; c++) {
@@ -452,14 +485,20 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
             float a = 0.0f;
 #pragma unroll
             for (int c = 0; c < NCH; c++) {
-#if QREG
+#if HALF2_DOT
+                a = dot16h(v[u][c], qh[c], a);
+#elif QREG
                 a = dot16(v[u][c], qr[c], a);
 #else
                 int vi = c * GS + lane;
                 a = dot16(v[u][c], qs + (vi < NV ? vi : 0) * VEC, a);
 #endif
             }
+#if HALF2_DOT
+            acc[u] = a * P.qscale;
+#else
             acc[u] = a;
+#endif
         }
 #pragma unroll
         for (int u = 0; u < RU; u++) {
@@ -499,6 +538,11 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     u64* out_ids = (u64*)(out + 8);
     float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
     sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
+    // `out` is pinned host memory mapped into the device: the server thread spins on the
+    // sequence word, so publish it only after every result is visible to the host.
+    __threadfence_system();
+    __syncthreads();
+    if (t == 0) *(volatile u32*)(out + 4) = P.seq;
 }
 
 // ---------------------------------------------------------------------------------------------

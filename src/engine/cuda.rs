@@ -44,10 +44,11 @@ pub const MAX_GPU_DIM: usize = 8192;
 const SCORE_TILE_BYTES: usize = 48 << 20;
 /// Candidate-list budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
-/// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU: a GPU
-/// round trip costs ≈ 12 µs, in which the CPU engine scans about this many values.
-/// Override with `KALOS_GPU_MIN_WORK`.
-pub const DEFAULT_GPU_MIN_WORK: usize = 64 * 1024;
+/// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
+/// Measured on the H200 machine (docs/GPU.md): the whole GPU request costs a fixed ~20-40 µs
+/// server-side, which the current CPU engine matches at about 256 rows × 128 dims; above that
+/// the GPU wins. Re-measure when the CPU engine changes; override with `KALOS_GPU_MIN_WORK`.
+pub const DEFAULT_GPU_MIN_WORK: usize = 16 * 1024;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
@@ -65,6 +66,8 @@ struct Params {
     chunk: u32,
     ntiles: u32,
     tile: u32,
+    seq: u32,
+    qscale: f32,
     ns: [u64; MAX_FILTER_NAMESPACES],
 }
 
@@ -145,9 +148,18 @@ struct HostBuf {
 
 impl HostBuf {
     fn new(bytes: usize) -> Result<HostBuf> {
+        Self::with_flags(bytes, 0)
+    }
+    fn with_flags(bytes: usize, flags: u32) -> Result<HostBuf> {
         let mut p: *mut c_void = std::ptr::null_mut();
-        ck(&format!("cuMemHostAlloc({bytes})"), unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(64), 0) })?;
+        ck(&format!("cuMemHostAlloc({bytes})"), unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(64), flags) })?;
         Ok(HostBuf { ptr: p as *mut u8, bytes })
+    }
+    /// Device address of a buffer allocated with CU_MEMHOSTALLOC_DEVICEMAP.
+    fn device_ptr(&self) -> Result<sys::CUdeviceptr> {
+        let mut d: sys::CUdeviceptr = 0;
+        ck("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut c_void, 0) })?;
+        Ok(d)
     }
     fn slice(&mut self) -> &mut [u8] {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
@@ -356,8 +368,13 @@ pub struct CudaEngine {
     // Single-query path.
     h_in: HostBuf,
     d_in: DevBuf,
+    /// Results of the single-query kernel: pinned host memory the kernel writes directly
+    /// (count, sequence word, ids, scores); `d_out` is its device address.
     h_out: HostBuf,
-    d_out: DevBuf,
+    d_out: sys::CUdeviceptr,
+    seq: u32,
+    /// GPU round trips (graph launch -> results published), ns, for the drop-time report.
+    rtt: Vec<u32>,
     d_ckey: DevBuf,
     d_crow: DevBuf,
     d_ccnt: DevBuf,
@@ -467,8 +484,10 @@ impl CudaEngine {
             gen: 0,
             h_in: HostBuf::new(PARAMS_BYTES + dp * 4)?,
             d_in: DevBuf::new(PARAMS_BYTES + dp * 4, "query")?,
-            h_out: HostBuf::new(8 + KMAX * 12)?,
-            d_out: DevBuf::new(8 + KMAX * 12, "results")?,
+            h_out: HostBuf::with_flags(8 + KMAX * 12, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
+            d_out: 0,
+            seq: 0,
+            rtt: Vec::with_capacity(1 << 16),
             d_ckey: DevBuf::empty(),
             d_crow: DevBuf::empty(),
             d_ccnt: DevBuf::empty(),
@@ -487,6 +506,7 @@ impl CudaEngine {
             fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
             searches: 0,
         };
+        e.d_out = e.h_out.device_ptr()?;
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
         let max_rows = e.limit_bytes / e.row_bytes();
         let initial = store.len().max(store.capacity().min(1 << 16).min(max_rows)).max(1);
@@ -674,11 +694,12 @@ impl CudaEngine {
         }
     }
 
-    /// Captures the single-query graph: H2D(params + query) → scan_topk → D2H(results).
+    /// Captures the single-query graph: H2D(params + query) → scan_topk, which writes the
+    /// results straight into mapped pinned memory and publishes a sequence number last.
     fn capture(&mut self, grid: u32, kb: u32) -> Result<Graph> {
         let smem = ((CHUNK * 4).max(KMAX * 16) + self.dp * 4) as u32;
         let in_bytes = PARAMS_BYTES + self.dp * 4;
-        let out_bytes = 8 + kb as usize * 12;
+        let _ = kb;
         unsafe {
             ck("begin capture", sys::cuStreamBeginCapture_v2(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))?;
             let body = (|| -> Result<()> {
@@ -689,7 +710,7 @@ impl CudaEngine {
                 let mut cr = self.d_crow.ptr;
                 let mut cc = self.d_ccnt.ptr;
                 let mut tk = self.d_ticket.ptr;
-                let mut out = self.d_out.ptr;
+                let mut out = self.d_out;
                 let mut args: [*mut c_void; 7] = [
                     &mut a_in as *mut _ as *mut c_void,
                     &mut tab as *mut _ as *mut c_void,
@@ -700,7 +721,6 @@ impl CudaEngine {
                     &mut out as *mut _ as *mut c_void,
                 ];
                 ck("capture scan_topk", sys::cuLaunchKernel(self.f_scan, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
-                ck("capture D2H", sys::cuMemcpyDtoHAsync_v2(self.h_out.ptr as *mut c_void, self.d_out.ptr, out_bytes, self.stream))?;
                 Ok(())
             })();
             let mut graph: sys::CUgraph = std::ptr::null_mut();
@@ -733,6 +753,8 @@ impl CudaEngine {
             chunk,
             ntiles: 1,
             tile: 0,
+            seq: 0,
+            qscale: 1.0,
             ns: [0; MAX_FILTER_NAMESPACES],
         };
         if let Some(v) = &req.filter.namespaces {
@@ -770,6 +792,10 @@ impl CudaEngine {
         if self.metric == Metric::L2 {
             p.qnorm = q.iter().map(|x| x * x).sum();
         }
+        let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
+        p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
+        self.seq = self.seq.wrapping_add(1).max(1);
+        p.seq = self.seq;
         {
             let dp = self.dp;
             let buf = self.h_in.slice();
@@ -783,9 +809,13 @@ impl CudaEngine {
             }
         }
         let exec = self.graphs.get(&key).unwrap().1.exec;
+        let t0 = std::time::Instant::now();
         ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
-        self.sync_stream()?;
-        let out = unsafe { std::slice::from_raw_parts(self.h_out.ptr as *const u8, 8 + kb as usize * 12) };
+        self.wait_published(p.seq)?;
+        if self.rtt.len() < self.rtt.capacity() {
+            self.rtt.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+        }
+        let out = unsafe { std::slice::from_raw_parts(self.h_out.ptr as *const u8, 8 + 12 * k) };
         let count = u32::from_le_bytes(out[0..4].try_into().unwrap()) as usize;
         if count > k {
             return Err(Error::new(Status::Cuda, format!("GPU returned {count} hits for k = {k}")));
@@ -798,6 +828,34 @@ impl CudaEngine {
             hits.push(Hit { id, score });
         }
         Ok(hits)
+    }
+
+    /// Spins until the kernel has published sequence number `seq` (the server thread polls
+    /// anyway; a stream synchronisation would add microseconds). A failed or finished-without-
+    /// publishing kernel is detected through the stream's status.
+    fn wait_published(&self, seq: u32) -> Result<()> {
+        let word = unsafe { self.h_out.ptr.add(4) as *const u32 };
+        let mut i = 0u32;
+        loop {
+            if unsafe { std::ptr::read_volatile(word) } == seq {
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                return Ok(());
+            }
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i % 256 == 0 {
+                let r = unsafe { sys::cuStreamQuery(self.stream) };
+                if r == sys::CUresult::CUDA_SUCCESS {
+                    if unsafe { std::ptr::read_volatile(word) } == seq {
+                        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                        return Ok(());
+                    }
+                    return Err(Error::new(Status::Cuda, "the search kernel finished without publishing its results"));
+                } else if r != sys::CUresult::CUDA_ERROR_NOT_READY {
+                    return Err(cu_err("search kernel", r));
+                }
+            }
+        }
     }
 
     fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, lists: usize) -> Result<()> {
@@ -1027,6 +1085,17 @@ impl CudaEngine {
 
 impl Drop for CudaEngine {
     fn drop(&mut self) {
+        if !self.rtt.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
+            let mut v = self.rtt.clone();
+            v.sort_unstable();
+            eprintln!(
+                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us",
+                self.describe(),
+                v.len(),
+                v[v.len() / 2] as f64 / 1000.0,
+                v[(v.len() * 99) / 100] as f64 / 1000.0
+            );
+        }
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
             sys::cuStreamSynchronize(self.stream);
             self.graphs.clear();

@@ -130,7 +130,7 @@ def bench_torch(X, dtype, batch=0):
         for r in range(12):
             t0 = time.perf_counter()
             qb = torch.from_numpy(Qb).to(dev).to(tdt)
-            v, idx = torch.topk(M @ qb.T, K, dim=0)
+            v, idx = torch.topk(qb @ M.T, K, dim=1)
             ids = idx.cpu().numpy()
             if r >= 2:
                 ts.append(time.perf_counter() - t0)
