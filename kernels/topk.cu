@@ -93,6 +93,9 @@ struct Params {
     u64 ns[MAXNS];
 };
 #define PARAMS_BYTES 640
+// Dynamic shared memory of the search kernels before the (optional) query copy: the chunk keys
+// (CHUNK*4) share the first 32 KiB with the merge input (MCAP*8); then 16 KiB of merge output.
+#define SMEM_MAIN (4096 * 8 + 1024 * 16)
 
 // Table columns on the device.
 struct Table {
@@ -258,6 +261,44 @@ struct CandAcc {
     __device__ __forceinline__ u32 row(u32 i) const { return __ldcg(crow + i); }
     __device__ __forceinline__ u64 id(u32 i) const { return ids[__ldcg(crow + i)]; }
 };
+
+// Accessor over candidates compacted into shared memory.
+struct SmemAcc {
+    const u32* keys;
+    const u32* rows;
+    const u64* ids;
+    __device__ __forceinline__ u32 key(u32 i) const { return keys[i]; }
+    __device__ __forceinline__ u32 row(u32 i) const { return rows[i]; }
+    __device__ __forceinline__ u64 id(u32 i) const { return ids[rows[i]]; }
+};
+
+// Merges `nb` candidate lists (stride k) into the top k. When they fit (MCAP entries), they are
+// first compacted into shared memory with one parallel pass, so the radix passes read shared
+// memory instead of dependent global loads. Results go to skey/srow; returns the count.
+#define MCAP 4096
+__device__ u32 merge_lists(const u32* ckey, const u32* crow, const u32* ccnt, u32 nb, u32 k, const u64* ids,
+                           u32* mkey, u32* mrow, SelShared& S, u32* skey, u32* srow) {
+    const u32 m = nb * k;
+    if (m <= MCAP) {
+        if (threadIdx.x == 0) S.cnt = 0;
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < m; i += NT) {
+            u32 b = i / k, j = i - b * k;
+            if (j < __ldcg(ccnt + b)) {
+                u32 p = atomicAdd(&S.cnt, 1u);
+                mkey[p] = __ldcg(ckey + i);
+                mrow[p] = __ldcg(crow + i);
+            }
+        }
+        __syncthreads();
+        const u32 c = S.cnt;
+        __syncthreads();
+        SmemAcc a{mkey, mrow, ids};
+        return select_to(a, c, k, S, skey, srow);
+    }
+    CandAcc a{ckey, crow, ccnt, k, ids};
+    return select_to(a, m, k, S, skey, srow);
+}
 
 // Finds the rule that takes exactly min(k, valid) elements of `a[0..m)`; result in S.
 template <class A>
@@ -429,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     const float* qg = (const float*)(in + PARAMS_BYTES);
     u32* keys = (u32*)smem;
 #if !QREG
-    float* qs = (float*)(smem + (CHUNK * 4 > KMAX * 16 ? CHUNK * 4 : KMAX * 16));
+    float* qs = (float*)(smem + SMEM_MAIN);
     for (int i = t; i < DP; i += NT) qs[i] = qg[i];
 #endif
     __syncthreads();
@@ -530,11 +571,12 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     if (!S.last) return;
     __threadfence();
     if (t == 0) *ticket = 0u;  // ready for the next replay
-    u32* skey = (u32*)smem;
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
     u64* sid = (u64*)(srow + KMAX);
-    CandAcc a{cand_key, cand_row, cand_cnt, k, T.ids};
-    u32 c = select_to(a, P.grid * k, k, S, skey, srow);
+    u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
     u64* out_ids = (u64*)(out + 8);
     float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
     sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
@@ -554,7 +596,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_select(const unsigned char
                                                              const float* __restrict__ qnorms, Table T,
                                                              const float* __restrict__ scores, u32 ld,
                                                              u32 row0, u32 rows, u32* cand_key, u32* cand_row,
-                                                             u32* cand_cnt) {
+                                                             u32* cand_cnt, u32* thr) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
@@ -574,13 +616,30 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_select(const unsigned char
     const float qn = qnorms[q];
     u32* keys = (u32*)smem;
     const float* col = scores + (size_t)q * ld;
-    for (u32 i = l0 + t; i < l1; i += NT) keys[i - l0] = make_key(col[i], qn, row0 + i, P, T, sns);
+    // thr[q]: a lower bound of query q's final k-th key (the best k-th key any earlier block
+    // saw). Rows below it cannot make the top k, so most blocks after the first tiles select
+    // from a handful of survivors (one radix pass) instead of all their rows.
+    const u32 lb = __ldcg(thr + q);
+    for (u32 i = l0 + t; i < l1; i += NT) {
+        u32 kk = make_key(col[i], qn, row0 + i, P, T, sns);
+        keys[i - l0] = kk < lb ? 0u : kk;
+    }
     __syncthreads();
     const u32 k = P.k;
     const size_t list = (size_t)q * P.ntiles * P.grid + (size_t)P.tile * P.grid + b;
     ChunkAcc ca{keys, row0 + l0, T.ids};
-    select_to(ca, l1 - l0, k, S, cand_key + list * k, cand_row + list * k);
-    if (t == 0) cand_cnt[list] = S.cnt;
+    u32* okey = cand_key + list * k;
+    u32 c = select_to(ca, l1 - l0, k, S, okey, cand_row + list * k);
+    if (t == 0) cand_cnt[list] = c;
+    if (c == k) {  // a full list: its smallest key bounds the final k-th key from below
+        if (t == 0) S.last = 0xFFFFFFFFu;
+        __syncthreads();
+        u32 mn = 0xFFFFFFFFu;
+        for (u32 i = t; i < c; i += NT) mn = min(mn, okey[i]);
+        atomicMin(&S.last, mn);
+        __syncthreads();
+        if (t == 0) atomicMax(thr + q, S.last);
+    }
 }
 
 // Block q merges query q's candidate lists and writes ids[q*k..], scores[q*k..], counts[q].
@@ -593,12 +652,14 @@ extern "C" __global__ void __launch_bounds__(NT) merge_final(const unsigned char
     const Params* P = (const Params*)in;
     const u32 q = blockIdx.x, k = P->k;
     const u32 lists = P->ntiles * P->grid;
-    u32* skey = (u32*)smem;
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
     u64* sid = (u64*)(srow + KMAX);
     const size_t base = (size_t)q * lists;
-    CandAcc a{cand_key + base * k, cand_row + base * k, cand_cnt + base, k, T.ids};
-    u32 c = select_to(a, lists * k, k, S, skey, srow);
+    u32 c = merge_lists(cand_key + base * k, cand_row + base * k, cand_cnt + base, lists, k, T.ids, mkey, mrow, S, skey,
+                        srow);
     sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k,
                    out_counts + q);
 }

@@ -35,6 +35,8 @@ const NT: u32 = 256;
 const CHUNK: usize = 4096;
 const KMAX: usize = MAX_K;
 const PARAMS_BYTES: usize = 640;
+/// Dynamic shared memory before the query copy (SMEM_MAIN in the kernel).
+const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
 const NONE_U32: u32 = u32::MAX;
 const FLAG_EXPIRY: u32 = 1;
 const FLAG_RECENCY: u32 = 2;
@@ -334,6 +336,7 @@ struct BatchBufs {
     d_oids: DevBuf,
     d_oscores: DevBuf,
     d_ocnt: DevBuf,
+    d_thr: DevBuf,
 }
 
 pub struct CudaEngine {
@@ -437,7 +440,7 @@ impl CudaEngine {
         let f_merge = getf("merge_final")?;
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
-        let smem_scan = (CHUNK * 4).max(KMAX * 16) + dp * 4;
+        let smem_scan = SMEM_MAIN + dp * 4;
         for f in [f_scan, f_gsel, f_merge] {
             ck("cuFuncSetAttribute", unsafe {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_scan as i32)
@@ -666,7 +669,7 @@ impl CudaEngine {
         // for small ones; never more than CHUNK rows per block. Sized from the power-of-two
         // bucket of n so that the captured graph is reused while the table grows or shrinks.
         let nb = n.next_power_of_two().max(1);
-        let min_rows = if k > 64 { (4 * k).min(CHUNK) } else { 64 };
+        let min_rows = if k > 64 { (4 * k).min(CHUNK) } else { 128 };
         let g = nb.div_ceil(min_rows).min(2 * self.sms).max(nb.div_ceil(CHUNK)).max(1);
         g as u32
     }
@@ -697,7 +700,7 @@ impl CudaEngine {
     /// Captures the single-query graph: H2D(params + query) → scan_topk, which writes the
     /// results straight into mapped pinned memory and publishes a sequence number last.
     fn capture(&mut self, grid: u32, kb: u32) -> Result<Graph> {
-        let smem = ((CHUNK * 4).max(KMAX * 16) + self.dp * 4) as u32;
+        let smem = (SMEM_MAIN + self.dp * 4) as u32;
         let in_bytes = PARAMS_BYTES + self.dp * 4;
         let _ = kb;
         unsafe {
@@ -885,6 +888,7 @@ impl CudaEngine {
             d_oids: DevBuf::new(nq * k * 8, "batch ids")?,
             d_oscores: DevBuf::new(nq * k * 4, "batch scores")?,
             d_ocnt: DevBuf::new(nq * 4, "batch counts")?,
+            d_thr: DevBuf::new(nq * 4, "batch thresholds")?,
         });
         Ok(())
     }
@@ -911,7 +915,8 @@ impl CudaEngine {
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
         let (d_ckey, d_crow, d_ccnt, d_oids, d_osc, d_ocnt) = (b.d_ckey.ptr, b.d_crow.ptr, b.d_ccnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
-        let smem = ((CHUNK * 4).max(KMAX * 16)) as u32;
+        let d_thr = b.d_thr.ptr;
+        let smem = SMEM_MAIN as u32;
         let mut ids = vec![0u64; nqt * k];
         let mut scores = vec![0f32; nqt * k];
         let mut counts = vec![0u32; nqt];
@@ -942,6 +947,7 @@ impl CudaEngine {
             unsafe {
                 ck("sync", sys::cuStreamSynchronize(self.stream))?;
                 ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pall.as_ptr() as *const c_void, pall.len()))?;
+                ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
             }
             for t in 0..ntiles {
                 let row0 = t * tile;
@@ -1007,7 +1013,8 @@ impl CudaEngine {
                     let mut a_ck = d_ckey;
                     let mut a_cr = d_crow;
                     let mut a_cc = d_ccnt;
-                    let mut args: [*mut c_void; 10] = [
+                    let mut a_thr = d_thr;
+                    let mut args: [*mut c_void; 11] = [
                         &mut a_in as *mut _ as *mut c_void,
                         &mut a_qn as *mut _ as *mut c_void,
                         &mut tab as *mut _ as *mut c_void,
@@ -1018,10 +1025,11 @@ impl CudaEngine {
                         &mut a_ck as *mut _ as *mut c_void,
                         &mut a_cr as *mut _ as *mut c_void,
                         &mut a_cc as *mut _ as *mut c_void,
+                        &mut a_thr as *mut _ as *mut c_void,
                     ];
                     ck(
                         "launch gemm_select",
-                        sys::cuLaunchKernel(self.f_gsel, gq as u32, m as u32, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
+                        sys::cuLaunchKernel(self.f_gsel, gq as u32, m as u32, 1, NT, 1, 1, (CHUNK * 4) as u32, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
                     )?;
                 }
             }
