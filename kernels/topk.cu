@@ -262,44 +262,6 @@ struct CandAcc {
     __device__ __forceinline__ u64 id(u32 i) const { return ids[__ldcg(crow + i)]; }
 };
 
-// Accessor over candidates compacted into shared memory.
-struct SmemAcc {
-    const u32* keys;
-    const u32* rows;
-    const u64* ids;
-    __device__ __forceinline__ u32 key(u32 i) const { return keys[i]; }
-    __device__ __forceinline__ u32 row(u32 i) const { return rows[i]; }
-    __device__ __forceinline__ u64 id(u32 i) const { return ids[rows[i]]; }
-};
-
-// Merges `nb` candidate lists (stride k) into the top k. When they fit (MCAP entries), they are
-// first compacted into shared memory with one parallel pass, so the radix passes read shared
-// memory instead of dependent global loads. Results go to skey/srow; returns the count.
-#define MCAP 4096
-__device__ u32 merge_lists(const u32* ckey, const u32* crow, const u32* ccnt, u32 nb, u32 k, const u64* ids,
-                           u32* mkey, u32* mrow, SelShared& S, u32* skey, u32* srow) {
-    const u32 m = nb * k;
-    if (m <= MCAP) {
-        if (threadIdx.x == 0) S.cnt = 0;
-        __syncthreads();
-        for (u32 i = threadIdx.x; i < m; i += NT) {
-            u32 b = i / k, j = i - b * k;
-            if (j < __ldcg(ccnt + b)) {
-                u32 p = atomicAdd(&S.cnt, 1u);
-                mkey[p] = __ldcg(ckey + i);
-                mrow[p] = __ldcg(crow + i);
-            }
-        }
-        __syncthreads();
-        const u32 c = S.cnt;
-        __syncthreads();
-        SmemAcc a{mkey, mrow, ids};
-        return select_to(a, c, k, S, skey, srow);
-    }
-    CandAcc a{ckey, crow, ccnt, k, ids};
-    return select_to(a, m, k, S, skey, srow);
-}
-
 // Finds the rule that takes exactly min(k, valid) elements of `a[0..m)`; result in S.
 template <class A>
 __device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S) {
@@ -397,6 +359,44 @@ __device__ u32 select_to(const A& a, u32 m, u32 k, SelShared& S, u32* okey, u32*
     }
     __syncthreads();
     return S.cnt;
+}
+
+// Accessor over candidates compacted into shared memory.
+struct SmemAcc {
+    const u32* keys;
+    const u32* rows;
+    const u64* ids;
+    __device__ __forceinline__ u32 key(u32 i) const { return keys[i]; }
+    __device__ __forceinline__ u32 row(u32 i) const { return rows[i]; }
+    __device__ __forceinline__ u64 id(u32 i) const { return ids[rows[i]]; }
+};
+
+// Merges `nb` candidate lists (stride k) into the top k. When they fit (MCAP entries), they are
+// first compacted into shared memory with one parallel pass, so the radix passes read shared
+// memory instead of dependent global loads. Results go to skey/srow; returns the count.
+#define MCAP 4096
+__device__ u32 merge_lists(const u32* ckey, const u32* crow, const u32* ccnt, u32 nb, u32 k, const u64* ids,
+                           u32* mkey, u32* mrow, SelShared& S, u32* skey, u32* srow) {
+    const u32 m = nb * k;
+    if (m <= MCAP) {
+        if (threadIdx.x == 0) S.cnt = 0;
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < m; i += NT) {
+            u32 b = i / k, j = i - b * k;
+            if (j < __ldcg(ccnt + b)) {
+                u32 p = atomicAdd(&S.cnt, 1u);
+                mkey[p] = __ldcg(ckey + i);
+                mrow[p] = __ldcg(crow + i);
+            }
+        }
+        __syncthreads();
+        const u32 c = S.cnt;
+        __syncthreads();
+        SmemAcc a{mkey, mrow, ids};
+        return select_to(a, c, k, S, skey, srow);
+    }
+    CandAcc a{ckey, crow, ccnt, k, ids};
+    return select_to(a, m, k, S, skey, srow);
 }
 
 // Sorts c <= KMAX (key, id, row) entries in shared memory best first (key desc, id asc) and
