@@ -132,6 +132,18 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return s;
 }
 
+// Table rows are read once per query: with LDNA they bypass L1 allocation (experiment knob).
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+#if defined(LDNA) && LDNA
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+#else
+    return __ldg(p);
+#endif
+}
+
 // Dot product of one 16-byte vector of stored elements with VEC query values.
 __device__ __forceinline__ float dot16(uint4 v, const float* q, float acc) {
 #if DTYPE == 0
@@ -516,7 +528,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
 #pragma unroll
             for (int c = 0; c < NCH; c++) {
                 int vi = c * GS + lane;
-                if (row < r1 && vi < NV) v[u][c] = __ldg(V + (size_t)row * NV + vi);
+                if (row < r1 && vi < NV) v[u][c] = ld_stream(V + (size_t)row * NV + vi);
                 else v[u][c] = make_uint4(0u, 0u, 0u, 0u);
             }
         }

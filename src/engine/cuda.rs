@@ -47,10 +47,10 @@ const SCORE_TILE_BYTES: usize = 48 << 20;
 /// Candidate-list budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
 /// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
-/// Measured on the H200 machine (docs/GPU.md): the whole GPU request costs a fixed ~20-40 µs
-/// server-side, which the current CPU engine matches at about 256 rows × 128 dims; above that
-/// the GPU wins. Re-measure when the CPU engine changes; override with `KALOS_GPU_MIN_WORK`.
-pub const DEFAULT_GPU_MIN_WORK: usize = 16 * 1024;
+/// Measured on the H200 machine (docs/GPU.md): a GPU request costs a fixed ~20-25 µs
+/// server-side, which the current (scalar) CPU engine matches at about 256-384 rows × 128 dims
+/// (32-48 k values); above that the GPU wins. Re-measure when the CPU engine changes; override with `KALOS_GPU_MIN_WORK`.
+pub const DEFAULT_GPU_MIN_WORK: usize = 48 * 1024;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
@@ -240,14 +240,19 @@ pub fn probe() -> Result<(i32, i32, String)> {
 
 /// NVRTC options for one specialisation of the kernels (also used by the CI compile check).
 pub fn nvrtc_options(arch: &str, dim: usize, dtype: Dtype, metric: Metric) -> Vec<String> {
-    vec![
+    let mut v = vec![
         format!("--gpu-architecture={arch}"),
         format!("-DDIM={dim}"),
         format!("-DDTYPE={}", dtype as u32),
         format!("-DMETRIC={}", metric as u32),
         "--std=c++17".into(),
         "-default-device".into(),
-    ]
+    ];
+    // Tuning experiments only (e.g. "-DLDNA=1"); never needed in production.
+    if let Ok(extra) = std::env::var("KALOS_NVRTC_EXTRA") {
+        v.extend(extra.split_whitespace().map(String::from));
+    }
+    v
 }
 
 /// Compiles one kernel source with NVRTC to a CUBIN for `arch` (e.g. "sm_90").
@@ -397,6 +402,10 @@ pub struct CudaEngine {
     /// Test hook (KALOS_CUDA_FAULT_AFTER=n): the n+1-th GPU search fails with a CUDA error.
     fault_after: Option<u64>,
     searches: u64,
+    /// Single-query grid: blocks per SM for large tables, fewest rows per block for small ones
+    /// (KALOS_GRID_PER_SM, KALOS_MIN_ROWS: tuning knobs, defaults measured on the H200).
+    grid_per_sm: usize,
+    min_rows: usize,
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -508,6 +517,8 @@ impl CudaEngine {
             failed: None,
             fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
             searches: 0,
+            grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(2).clamp(1, 8),
+            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(128).clamp(16, CHUNK),
         };
         e.d_out = e.h_out.device_ptr()?;
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
@@ -669,8 +680,8 @@ impl CudaEngine {
         // for small ones; never more than CHUNK rows per block. Sized from the power-of-two
         // bucket of n so that the captured graph is reused while the table grows or shrinks.
         let nb = n.next_power_of_two().max(1);
-        let min_rows = if k > 64 { (4 * k).min(CHUNK) } else { 128 };
-        let g = nb.div_ceil(min_rows).min(2 * self.sms).max(nb.div_ceil(CHUNK)).max(1);
+        let min_rows = if k > 64 { (4 * k).min(CHUNK) } else { self.min_rows };
+        let g = nb.div_ceil(min_rows).min(self.grid_per_sm * self.sms).max(nb.div_ceil(CHUNK)).max(1);
         g as u32
     }
 

@@ -179,7 +179,7 @@ def main():
     ]
     only = os.environ.get("BENCH_ONLY")
     for label, n, dim, dt, target, batch in configs:
-        if only and only not in label:
+        if only and not any(o.strip() == label for o in only.split(",")):
             continue
         try:
             kr, X = bench_kalos(lib, n, dim, dt, CUDA, batch)
