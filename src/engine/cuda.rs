@@ -41,7 +41,7 @@ const NONE_U32: u32 = u32::MAX;
 const FLAG_EXPIRY: u32 = 1;
 const FLAG_RECENCY: u32 = 2;
 /// Largest dimension the GPU engine takes (the query must fit in shared memory).
-pub const MAX_GPU_DIM: usize = 8192;
+pub(crate) const MAX_GPU_DIM: usize = 8192;
 /// Bytes of GEMM score tile kept per batch step (small enough to stay in the 50+ MB L2).
 const SCORE_TILE_BYTES: usize = 48 << 20;
 /// Candidate-list budget of one batch step.
@@ -50,7 +50,7 @@ const CAND_BYTES: usize = 256 << 20;
 /// Measured on the H200 machine (docs/GPU.md): a GPU request costs a fixed ~20-25 µs
 /// server-side, which the current (scalar) CPU engine matches at about 256-384 rows × 128 dims
 /// (32-48 k values); above that the GPU wins. Re-measure when the CPU engine changes; override with `KALOS_GPU_MIN_WORK`.
-pub const DEFAULT_GPU_MIN_WORK: usize = 48 * 1024;
+pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 48 * 1024;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
@@ -116,6 +116,7 @@ fn ckb(what: &str, r: cb::cublasStatus_t) -> Result<()> {
 }
 
 /// Device memory; freed on drop.
+#[allow(dead_code)] // `bytes` documents the allocation (useful in a debugger)
 struct DevBuf {
     ptr: sys::CUdeviceptr,
     bytes: usize,
@@ -403,7 +404,8 @@ pub struct CudaEngine {
     fault_after: Option<u64>,
     searches: u64,
     /// Single-query grid: blocks per SM for large tables, fewest rows per block for small ones
-    /// (KALOS_GRID_PER_SM, KALOS_MIN_ROWS: tuning knobs, defaults measured on the H200).
+    /// (KALOS_GRID_PER_SM, KALOS_MIN_ROWS: tuning knobs). Defaults 3 and 256 from the H200
+    /// sweep (docs/benchmarks/gpu.md): 1M x 768 f16 went from 475 to 407 us (2 -> 3 per SM).
     grid_per_sm: usize,
     min_rows: usize,
 }
@@ -517,8 +519,8 @@ impl CudaEngine {
             failed: None,
             fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
             searches: 0,
-            grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(2).clamp(1, 8),
-            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(128).clamp(16, CHUNK),
+            grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(3).clamp(1, 8),
+            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(256).clamp(16, CHUNK),
         };
         e.d_out = e.h_out.device_ptr()?;
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
