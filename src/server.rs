@@ -103,7 +103,9 @@ fn make_engine(backend: Backend, opts: &Options, store: &Store) -> Result<Box<dy
     match backend {
         Backend::Cpu => Ok(cpu()),
         Backend::Cuda => engine::cuda::create(opts, store),
-        Backend::Auto => Ok(engine::cuda::create(opts, store).unwrap_or_else(|_| cpu())),
+        // Auto: the GPU when one is usable, with a cost model that keeps requests too small to
+        // pay for a GPU round trip on the CPU (engine::cuda::create_auto); else the CPU engine.
+        Backend::Auto => Ok(engine::cuda::create_auto(opts, store).unwrap_or_else(|_| cpu())),
     }
 }
 
@@ -591,6 +593,13 @@ impl Server {
                     })
                     .collect();
                 self.store.validate_upsert(&items)?;
+                let new_rows = items.iter().filter(|it| self.store.row_of(it.id).is_none()).count();
+                if let Err(e) = self.engine.reserve(self.store.len() + new_rows) {
+                    if e.status == Status::StoreFull {
+                        return Err(e); // out of GPU memory: the write is refused, nothing changed
+                    }
+                    self.engine_failed(e);
+                }
                 if let Some(p) = self.persist.as_mut() {
                     p.append(&WalOp::Upsert(&items))?;
                 }

@@ -1,11 +1,1182 @@
-//! CUDA engine (not built yet): reports that it is unavailable.
+//! CUDA engine: the table mirrored in GPU memory (f32, f16 or bf16), exact top-k by a fused scan
+//! + radix-select kernel replayed as a CUDA graph for single queries, and by cuBLAS GEMM tiles +
+//! the same selection for batches. See docs/GPU.md for the design and the measured numbers.
+//!
+//! Safety rules of this module:
+//! - Nothing here runs before [`probe`] has found the driver, NVRTC and cuBLAS libraries
+//!   (cudarc panics when a dynamically loaded library or symbol is missing). Every entry point
+//!   also runs under `catch_unwind`, so a missing symbol becomes a `BACKEND_UNAVAILABLE` or
+//!   `CUDA` status, never a panic across the server thread.
+//! - The engine is created and used on the server thread only: the context is bound there, and
+//!   the graphs are captured and replayed there.
+//! - Everything a request needs is allocated ahead (pinned staging, candidate lists, outputs);
+//!   a request allocates nothing on the GPU. Buffers grow only in `sync`/`reserve`.
 
-use super::Engine;
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cudarc::cublas::sys as cb;
+use cudarc::driver::sys;
+use cudarc::driver::CudaContext;
+
+use super::cpu::CpuEngine;
+use super::{Engine, EngineKind};
 use crate::client::Options;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
+use crate::types::{Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES, MAX_K};
 
-/// Creates the CUDA engine on the calling (server) thread, or says why it cannot.
-pub fn create(_opts: &Options, _store: &Store) -> Result<Box<dyn Engine>> {
-    Err(Error::new(Status::BackendUnavailable, "the CUDA engine is not built into this version"))
+/// Kernel sources embedded in the library: (module name, source).
+pub const KERNELS: &[(&str, &str)] = &[("topk", include_str!("../../kernels/topk.cu"))];
+
+const NT: u32 = 256;
+const CHUNK: usize = 4096;
+const KMAX: usize = MAX_K;
+const PARAMS_BYTES: usize = 640;
+/// Dynamic shared memory before the query copy (SMEM_MAIN in the kernel).
+const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
+const NONE_U32: u32 = u32::MAX;
+const FLAG_EXPIRY: u32 = 1;
+const FLAG_RECENCY: u32 = 2;
+/// Largest dimension the GPU engine takes (the query must fit in shared memory).
+pub(crate) const MAX_GPU_DIM: usize = 8192;
+/// Bytes of GEMM score tile kept per batch step (small enough to stay in the 50+ MB L2).
+const SCORE_TILE_BYTES: usize = 48 << 20;
+/// Candidate-list budget of one batch step.
+const CAND_BYTES: usize = 256 << 20;
+/// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
+/// Measured on the H200 machine (docs/GPU.md): a GPU request costs a fixed ~20-25 µs
+/// server-side, which the current (scalar) CPU engine matches at about 256-384 rows × 128 dims
+/// (32-48 k values); above that the GPU wins. Re-measure when the CPU engine changes; override with `KALOS_GPU_MIN_WORK`.
+pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 48 * 1024;
+
+/// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Params {
+    n: u32,
+    k: u32,
+    nns: u32,
+    flags: u32,
+    now_ms: u64,
+    w: f32,
+    qnorm: f32,
+    hl: f64,
+    grid: u32,
+    chunk: u32,
+    ntiles: u32,
+    tile: u32,
+    seq: u32,
+    qscale: f32,
+    ns: [u64; MAX_FILTER_NAMESPACES],
+}
+
+/// Device table columns (`struct Table` in the kernel), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TableArg {
+    vecs: u64,
+    norms: u64,
+    ids: u64,
+    ns: u64,
+    created: u64,
+    expires: u64,
+}
+
+fn cu_err(what: &str, r: sys::CUresult) -> Error {
+    let mut p: *const std::os::raw::c_char = std::ptr::null();
+    let name = unsafe {
+        if sys::cuGetErrorString(r, &mut p) == sys::CUresult::CUDA_SUCCESS && !p.is_null() {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        } else {
+            format!("{r:?}")
+        }
+    };
+    let status = if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY { Status::StoreFull } else { Status::Cuda };
+    Error::new(status, format!("{what}: {name} ({r:?})"))
+}
+
+#[inline]
+fn ck(what: &str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(cu_err(what, r))
+    }
+}
+
+fn ckb(what: &str, r: cb::cublasStatus_t) -> Result<()> {
+    if r == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::new(Status::Cuda, format!("{what}: cuBLAS {r:?}")))
+    }
+}
+
+/// Device memory; freed on drop.
+#[allow(dead_code)] // `bytes` documents the allocation (useful in a debugger)
+struct DevBuf {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DevBuf {
+    fn empty() -> DevBuf {
+        DevBuf { ptr: 0, bytes: 0 }
+    }
+    fn new(bytes: usize, what: &str) -> Result<DevBuf> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        ck(&format!("cuMemAlloc({bytes} bytes) for {what}"), unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(16)) })?;
+        Ok(DevBuf { ptr, bytes })
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            unsafe {
+                sys::cuMemFree_v2(self.ptr);
+            }
+        }
+    }
+}
+
+/// Page-locked host memory (flags 0: cached, fast for the CPU to read back); freed on drop.
+struct HostBuf {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl HostBuf {
+    fn new(bytes: usize) -> Result<HostBuf> {
+        Self::with_flags(bytes, 0)
+    }
+    fn with_flags(bytes: usize, flags: u32) -> Result<HostBuf> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        ck(&format!("cuMemHostAlloc({bytes})"), unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(64), flags) })?;
+        Ok(HostBuf { ptr: p as *mut u8, bytes })
+    }
+    /// Device address of a buffer allocated with CU_MEMHOSTALLOC_DEVICEMAP.
+    fn device_ptr(&self) -> Result<sys::CUdeviceptr> {
+        let mut d: sys::CUdeviceptr = 0;
+        ck("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut c_void, 0) })?;
+        Ok(d)
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            unsafe {
+                sys::cuMemFreeHost(self.ptr as *mut c_void);
+            }
+        }
+    }
+}
+
+/// An instantiated CUDA graph.
+struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        unsafe {
+            if !self.exec.is_null() {
+                sys::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
+
+/// True when the driver, NVRTC and cuBLAS libraries can be loaded (nothing else is touched).
+pub fn libraries_present() -> bool {
+    catch_unwind(|| unsafe {
+        cudarc::driver::sys::is_culib_present() && cudarc::nvrtc::sys::is_culib_present() && cudarc::cublas::sys::is_culib_present()
+    })
+    .unwrap_or(false)
+}
+
+/// Checks that a usable GPU is present: libraries load and at least one device answers.
+pub fn probe() -> Result<(i32, i32, String)> {
+    if !libraries_present() {
+        return Err(Error::new(
+            Status::BackendUnavailable,
+            "CUDA is not available: the driver (libcuda), NVRTC or cuBLAS library was not found",
+        ));
+    }
+    catch_unwind(|| -> Result<(i32, i32, String)> {
+        ck("cuInit", unsafe { sys::cuInit(0) }).map_err(|e| Error::new(Status::BackendUnavailable, format!("no usable GPU: {}", e.message)))?;
+        let mut n = 0;
+        ck("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })
+            .map_err(|e| Error::new(Status::BackendUnavailable, e.message))?;
+        if n < 1 {
+            return Err(Error::new(Status::BackendUnavailable, "no CUDA device found"));
+        }
+        let mut dev = 0;
+        ck("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, 0) })?;
+        let attr = |a| {
+            let mut v = 0;
+            unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+            v
+        };
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+        let mut name = [0 as std::os::raw::c_char; 128];
+        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 127, dev) };
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        Ok((major, minor, name))
+    })
+    .unwrap_or_else(|_| Err(Error::new(Status::BackendUnavailable, "the CUDA driver library lacks a required function")))
+}
+
+/// NVRTC options for one specialisation of the kernels (also used by the CI compile check).
+pub fn nvrtc_options(arch: &str, dim: usize, dtype: Dtype, metric: Metric) -> Vec<String> {
+    let mut v = vec![
+        format!("--gpu-architecture={arch}"),
+        format!("-DDIM={dim}"),
+        format!("-DDTYPE={}", dtype as u32),
+        format!("-DMETRIC={}", metric as u32),
+        "--std=c++17".into(),
+        "-default-device".into(),
+    ];
+    // Tuning experiments only (e.g. "-DLDNA=1"); never needed in production.
+    if let Ok(extra) = std::env::var("KALOS_NVRTC_EXTRA") {
+        v.extend(extra.split_whitespace().map(String::from));
+    }
+    v
+}
+
+/// Compiles one kernel source with NVRTC to a CUBIN for `arch` (e.g. "sm_90").
+pub fn compile_cubin(name: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::sys as nv;
+    let csrc = CString::new(src).map_err(|_| Error::new(Status::Internal, "kernel source holds a NUL"))?;
+    let cname = CString::new(format!("{name}.cu")).unwrap();
+    unsafe {
+        let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+        let r = nv::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null());
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(Error::new(Status::Cuda, format!("nvrtcCreateProgram({name}): {r:?}")));
+        }
+        let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
+        let popts: Vec<*const std::os::raw::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+        let r = nv::nvrtcCompileProgram(prog, popts.len() as i32, popts.as_ptr());
+        let mut log_size = 0usize;
+        nv::nvrtcGetProgramLogSize(prog, &mut log_size);
+        let mut log = vec![0u8; log_size.max(1)];
+        nv::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut _);
+        let log = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            nv::nvrtcDestroyProgram(&mut prog);
+            return Err(Error::new(Status::Cuda, format!("NVRTC failed to compile {name}.cu ({}): {r:?}\n{log}", opts.join(" "))));
+        }
+        let mut size = 0usize;
+        let r = nv::nvrtcGetCUBINSize(prog, &mut size);
+        if r != nv::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            nv::nvrtcDestroyProgram(&mut prog);
+            return Err(Error::new(Status::Cuda, format!("nvrtcGetCUBINSize({name}): {r:?}")));
+        }
+        let mut cubin = vec![0u8; size];
+        let r = nv::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _);
+        nv::nvrtcDestroyProgram(&mut prog);
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(Error::new(Status::Cuda, format!("nvrtcGetCUBIN({name}): {r:?}")));
+        }
+        Ok(cubin)
+    }
+}
+
+fn work_threshold() -> usize {
+    std::env::var("KALOS_GPU_MIN_WORK").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_GPU_MIN_WORK)
+}
+
+/// Creates the CUDA engine on the calling (server) thread, or says why it cannot. Every request
+/// runs on the GPU (backend `cuda`).
+pub fn create(opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
+    create_with(opts, store, false)
+}
+
+/// The engine for backend `auto`: the CUDA engine with a cost model that answers requests too
+/// small to pay for a GPU round trip on the CPU engine (see [`DEFAULT_GPU_MIN_WORK`]).
+pub fn create_auto(opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
+    create_with(opts, store, true)
+}
+
+fn create_with(opts: &Options, store: &Store, hybrid: bool) -> Result<Box<dyn Engine>> {
+    let cc = probe()?;
+    if store.dim() > MAX_GPU_DIM {
+        return Err(Error::new(
+            Status::BackendUnavailable,
+            format!("the CUDA engine supports dim <= {MAX_GPU_DIM}; this store has {}", store.dim()),
+        ));
+    }
+    match catch_unwind(AssertUnwindSafe(|| CudaEngine::new(opts, store, cc, hybrid))) {
+        Ok(Ok(e)) => Ok(Box::new(e)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::new(Status::BackendUnavailable, "the CUDA engine failed to start (a CUDA library function is missing)")),
+    }
+}
+
+struct BatchBufs {
+    nq_cap: usize,
+    k_cap: usize,
+    tile_rows: usize,
+    lists_cap: usize,
+    d_qf32: DevBuf,
+    d_q: DevBuf,
+    d_qn: DevBuf,
+    d_params: DevBuf,
+    d_scores: DevBuf,
+    d_ckey: DevBuf,
+    d_crow: DevBuf,
+    d_ccnt: DevBuf,
+    d_oids: DevBuf,
+    d_oscores: DevBuf,
+    d_ocnt: DevBuf,
+    d_thr: DevBuf,
+}
+
+pub struct CudaEngine {
+    _ctx: Arc<CudaContext>,
+    _module: Arc<cudarc::driver::CudaModule>,
+    f_scan: sys::CUfunction,
+    f_gsel: sys::CUfunction,
+    f_merge: sys::CUfunction,
+    f_scatter: sys::CUfunction,
+    f_convq: sys::CUfunction,
+    stream: sys::CUstream,
+    blas: cb::cublasHandle_t,
+    cc: (i32, i32),
+    sms: usize,
+    dim: usize,
+    dp: usize,
+    esize: usize,
+    dtype: Dtype,
+    metric: Metric,
+    store_cap: usize,
+    limit_bytes: usize,
+    // Table mirror.
+    cap_rows: usize,
+    len: usize,
+    d_vecs: DevBuf,
+    d_norms: DevBuf,
+    d_ids: DevBuf,
+    d_ns: DevBuf,
+    d_created: DevBuf,
+    d_expires: DevBuf,
+    gen: u64,
+    // Single-query path.
+    h_in: HostBuf,
+    d_in: DevBuf,
+    /// Results of the single-query kernel: pinned host memory the kernel writes directly
+    /// (count, sequence word, ids, scores); `d_out` is its device address.
+    h_out: HostBuf,
+    d_out: sys::CUdeviceptr,
+    seq: u32,
+    /// GPU round trips (graph launch -> results published), ns, for the drop-time report.
+    rtt: Vec<u32>,
+    d_ckey: DevBuf,
+    d_crow: DevBuf,
+    d_ccnt: DevBuf,
+    d_ticket: DevBuf,
+    cand_cap: usize,
+    graphs: HashMap<(u32, u32), (u64, Graph)>,
+    // Sync staging.
+    h_stage: HostBuf,
+    d_stage: DevBuf,
+    stage_rows: usize,
+    batch: Option<BatchBufs>,
+    hybrid: bool,
+    min_work: usize,
+    cpu: CpuEngine,
+    last_cpu: bool,
+    failed: Option<String>,
+    /// Test hook (KALOS_CUDA_FAULT_AFTER=n): the n+1-th GPU search fails with a CUDA error.
+    fault_after: Option<u64>,
+    searches: u64,
+    /// Single-query grid: blocks per SM for large tables, fewest rows per block for small ones
+    /// (KALOS_GRID_PER_SM, KALOS_MIN_ROWS: tuning knobs). Defaults 3 and 256 from the H200
+    /// sweep (docs/benchmarks/gpu.md): 1M x 768 f16 went from 475 to 407 us (2 -> 3 per SM).
+    grid_per_sm: usize,
+    min_rows: usize,
+}
+
+fn align_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+impl CudaEngine {
+    fn new(opts: &Options, store: &Store, cc: (i32, i32, String), hybrid: bool) -> Result<CudaEngine> {
+        // Spin while waiting for the GPU: the server thread is a polling thread anyway, and a
+        // blocking wait adds tens of microseconds per request.
+        unsafe {
+            let mut dev = 0;
+            if sys::cuDeviceGet(&mut dev, 0) == sys::CUresult::CUDA_SUCCESS {
+                sys::cuDevicePrimaryCtxSetFlags_v2(dev, sys::CUctx_flags::CU_CTX_SCHED_SPIN as u32);
+            }
+        }
+        let ctx = CudaContext::new(0).map_err(|e| Error::new(Status::BackendUnavailable, format!("CUDA context: {e:?}")))?;
+        ctx.bind_to_thread().map_err(|e| Error::new(Status::Cuda, format!("bind context: {e:?}")))?;
+        unsafe { ctx.disable_event_tracking() };
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::new(Status::Cuda, format!("{e:?}")))? as usize;
+        let dim = store.dim();
+        let dtype = opts.dtype;
+        let metric = store.metric();
+        let esize = if dtype == Dtype::F32 { 4 } else { 2 };
+        let vec = 16 / esize;
+        let dp = align_up(dim, vec);
+        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let (_, src) = KERNELS[0];
+        let cubin = compile_cubin("topk", src, &nvrtc_options(&arch, dim, dtype, metric))?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| Error::new(Status::Cuda, format!("loading the kernel CUBIN: {e:?}")))?;
+        let getf = |n: &str| -> Result<sys::CUfunction> {
+            let f = module.load_function(n).map_err(|e| Error::new(Status::Cuda, format!("kernel {n}: {e:?}")))?;
+            Ok(f.cu_function())
+        };
+        let f_scan = getf("scan_topk")?;
+        let f_gsel = getf("gemm_select")?;
+        let f_merge = getf("merge_final")?;
+        let f_scatter = getf("scatter_rows")?;
+        let f_convq = getf("convert_queries")?;
+        let smem_scan = SMEM_MAIN + dp * 4;
+        for f in [f_scan, f_gsel, f_merge] {
+            ck("cuFuncSetAttribute", unsafe {
+                sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_scan as i32)
+            })?;
+        }
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+        let mut blas: cb::cublasHandle_t = std::ptr::null_mut();
+        ckb("cublasCreate", unsafe { cb::cublasCreate_v2(&mut blas) })?;
+        ckb("cublasSetStream", unsafe { cb::cublasSetStream_v2(blas, stream as cb::cudaStream_t) })?;
+        // Plain f32 math: no TF32 (results for f32 storage must equal an f32 scan's ranking).
+        ckb("cublasSetMathMode", unsafe { cb::cublasSetMathMode(blas, cb::cublasMath_t::CUBLAS_DEFAULT_MATH) })?;
+        let (free, _total) = ctx.mem_get_info().map_err(|e| Error::new(Status::Cuda, format!("{e:?}")))?;
+        let limit_bytes = if opts.gpu_memory_bytes > 0 { opts.gpu_memory_bytes as usize } else { free / 10 * 9 };
+        let stage_rows = ((16usize << 20) / (dim * 4 + 48)).max(1);
+        let stage_bytes = stage_rows * (dim * 4 + 48) + 1024;
+        let mut e = CudaEngine {
+            _ctx: ctx.clone(),
+            _module: module.clone(),
+            f_scan,
+            f_gsel,
+            f_merge,
+            f_scatter,
+            f_convq,
+            stream,
+            blas,
+            cc: (cc.0, cc.1),
+            sms,
+            dim,
+            dp,
+            esize,
+            dtype,
+            metric,
+            store_cap: store.capacity(),
+            limit_bytes,
+            cap_rows: 0,
+            len: 0,
+            d_vecs: DevBuf::empty(),
+            d_norms: DevBuf::empty(),
+            d_ids: DevBuf::empty(),
+            d_ns: DevBuf::empty(),
+            d_created: DevBuf::empty(),
+            d_expires: DevBuf::empty(),
+            gen: 0,
+            h_in: HostBuf::new(PARAMS_BYTES + dp * 4)?,
+            d_in: DevBuf::new(PARAMS_BYTES + dp * 4, "query")?,
+            h_out: HostBuf::with_flags(8 + KMAX * 12, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
+            d_out: 0,
+            seq: 0,
+            rtt: Vec::with_capacity(1 << 16),
+            d_ckey: DevBuf::empty(),
+            d_crow: DevBuf::empty(),
+            d_ccnt: DevBuf::empty(),
+            d_ticket: DevBuf::new(16, "ticket")?,
+            cand_cap: 0,
+            graphs: HashMap::new(),
+            h_stage: HostBuf::new(stage_bytes)?,
+            d_stage: DevBuf::new(stage_bytes, "staging")?,
+            stage_rows,
+            batch: None,
+            hybrid,
+            min_work: work_threshold(),
+            cpu: CpuEngine::new(opts.threads as usize),
+            last_cpu: false,
+            failed: None,
+            fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
+            searches: 0,
+            grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(3).clamp(1, 8),
+            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(256).clamp(16, CHUNK),
+        };
+        e.d_out = e.h_out.device_ptr()?;
+        ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
+        let max_rows = e.limit_bytes / e.row_bytes();
+        let initial = store.len().max(store.capacity().min(1 << 16).min(max_rows)).max(1);
+        e.ensure_capacity(initial)?;
+        e.sync_stream()?;
+        Ok(e)
+    }
+
+    fn sync_stream(&self) -> Result<()> {
+        ck("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.dp * self.esize + 4 + 8 * 4
+    }
+
+    /// Makes room for `rows` rows (doubling), copying the rows present. On failure the table is
+    /// unchanged and the error is `STORE_FULL` with the reason.
+    fn ensure_capacity(&mut self, rows: usize) -> Result<()> {
+        if rows <= self.cap_rows {
+            return Ok(());
+        }
+        let mut new_cap = rows.max(self.cap_rows.saturating_mul(2)).min(self.store_cap.max(rows));
+        let max_rows = self.limit_bytes / self.row_bytes();
+        if rows > max_rows {
+            return Err(Error::new(
+                Status::StoreFull,
+                format!(
+                    "the GPU table cannot grow to {rows} rows: {} bytes of GPU memory allowed (option gpu_memory_bytes) hold {max_rows} rows",
+                    self.limit_bytes
+                ),
+            ));
+        }
+        new_cap = new_cap.min(max_rows);
+        let alloc = |bytes: usize, w: &str| DevBuf::new(bytes, w);
+        let vecs = alloc(new_cap * self.dp * self.esize, "table vectors")?;
+        let norms = alloc(new_cap * 4, "norms")?;
+        let ids = alloc(new_cap * 8, "ids")?;
+        let ns = alloc(new_cap * 8, "namespaces")?;
+        let created = alloc(new_cap * 8, "created")?;
+        let expires = alloc(new_cap * 8, "expires")?;
+        let n = self.len;
+        if n > 0 {
+            let copy = |dst: &DevBuf, src: &DevBuf, bytes: usize| ck("grow copy", unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, self.stream) });
+            copy(&vecs, &self.d_vecs, n * self.dp * self.esize)?;
+            copy(&norms, &self.d_norms, n * 4)?;
+            copy(&ids, &self.d_ids, n * 8)?;
+            copy(&ns, &self.d_ns, n * 8)?;
+            copy(&created, &self.d_created, n * 8)?;
+            copy(&expires, &self.d_expires, n * 8)?;
+            self.sync_stream()?;
+        }
+        self.d_vecs = vecs;
+        self.d_norms = norms;
+        self.d_ids = ids;
+        self.d_ns = ns;
+        self.d_created = created;
+        self.d_expires = expires;
+        self.cap_rows = new_cap;
+        self.gen += 1;
+        self.graphs.clear();
+        Ok(())
+    }
+
+    fn table_arg(&self) -> TableArg {
+        TableArg {
+            vecs: self.d_vecs.ptr,
+            norms: self.d_norms.ptr,
+            ids: self.d_ids.ptr,
+            ns: self.d_ns.ptr,
+            created: self.d_created.ptr,
+            expires: self.d_expires.ptr,
+        }
+    }
+
+    fn do_sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()> {
+        let n = store.len();
+        self.ensure_capacity(n)?;
+        let mut rows: Vec<u32> = dirty.iter().copied().filter(|&r| (r as usize) < n).collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let dim = self.dim;
+        let sr = self.stage_rows;
+        // Staging layout (offsets for `sr` rows): rows u32 | norms f32 | ids | ns | created | expires | vecs f32.
+        let o_rows = 0usize;
+        let o_norms = align_up(o_rows + sr * 4, 16);
+        let o_ids = align_up(o_norms + sr * 4, 16);
+        let o_ns = o_ids + sr * 8;
+        let o_cr = o_ns + sr * 8;
+        let o_ex = o_cr + sr * 8;
+        let o_v = align_up(o_ex + sr * 8, 16);
+        for chunk in rows.chunks(sr) {
+            let m = chunk.len();
+            {
+                let buf = self.h_stage.slice();
+                let put = |buf: &mut [u8], off: usize, b: &[u8]| buf[off..off + b.len()].copy_from_slice(b);
+                for (i, &r) in chunk.iter().enumerate() {
+                    let r = r as usize;
+                    put(buf, o_rows + i * 4, &(r as u32).to_le_bytes());
+                    put(buf, o_norms + i * 4, &store.norms()[r].to_le_bytes());
+                    put(buf, o_ids + i * 8, &store.ids()[r].to_le_bytes());
+                    put(buf, o_ns + i * 8, &store.namespaces()[r].to_le_bytes());
+                    put(buf, o_cr + i * 8, &store.created_ms()[r].to_le_bytes());
+                    put(buf, o_ex + i * 8, &store.expires_ms()[r].to_le_bytes());
+                    let v = &store.vectors()[r * dim..(r + 1) * dim];
+                    let dst = &mut buf[o_v + i * dim * 4..o_v + (i + 1) * dim * 4];
+                    // SAFETY: f32 -> bytes of the same length.
+                    dst.copy_from_slice(unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, dim * 4) });
+                }
+            }
+            let used = o_v + m * dim * 4;
+            ck("stage copy", unsafe { sys::cuMemcpyHtoDAsync_v2(self.d_stage.ptr, self.h_stage.ptr as *const c_void, used, self.stream) })?;
+            let base = self.d_stage.ptr;
+            let mut a_rows = base + o_rows as u64;
+            let mut a_norms = base + o_norms as u64;
+            let mut a_ids = base + o_ids as u64;
+            let mut a_ns = base + o_ns as u64;
+            let mut a_cr = base + o_cr as u64;
+            let mut a_ex = base + o_ex as u64;
+            let mut a_v = base + o_v as u64;
+            let mut mm = m as u32;
+            let mut dv = self.d_vecs.ptr;
+            let mut dn = self.d_norms.ptr;
+            let mut di = self.d_ids.ptr;
+            let mut dns = self.d_ns.ptr;
+            let mut dc = self.d_created.ptr;
+            let mut de = self.d_expires.ptr;
+            let mut args: [*mut c_void; 14] = [
+                &mut a_rows as *mut _ as *mut c_void,
+                &mut a_norms as *mut _ as *mut c_void,
+                &mut a_ids as *mut _ as *mut c_void,
+                &mut a_ns as *mut _ as *mut c_void,
+                &mut a_cr as *mut _ as *mut c_void,
+                &mut a_ex as *mut _ as *mut c_void,
+                &mut a_v as *mut _ as *mut c_void,
+                &mut mm as *mut _ as *mut c_void,
+                &mut dv as *mut _ as *mut c_void,
+                &mut dn as *mut _ as *mut c_void,
+                &mut di as *mut _ as *mut c_void,
+                &mut dns as *mut _ as *mut c_void,
+                &mut dc as *mut _ as *mut c_void,
+                &mut de as *mut _ as *mut c_void,
+            ];
+            let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
+            ck("launch scatter_rows", unsafe {
+                sys::cuLaunchKernel(self.f_scatter, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+            })?;
+            // The staging buffer is reused by the next chunk.
+            self.sync_stream()?;
+        }
+        self.len = n;
+        Ok(())
+    }
+
+    fn grid_for(&self, n: usize, k: usize) -> u32 {
+        // Blocks: about two per SM for large tables, fewer (but each with >= `min_rows` rows)
+        // for small ones; never more than CHUNK rows per block. Sized from the power-of-two
+        // bucket of n so that the captured graph is reused while the table grows or shrinks.
+        let nb = n.next_power_of_two().max(1);
+        let min_rows = if k > 64 { (4 * k).min(CHUNK) } else { self.min_rows };
+        let g = nb.div_ceil(min_rows).min(self.grid_per_sm * self.sms).max(nb.div_ceil(CHUNK)).max(1);
+        g as u32
+    }
+
+    fn ensure_cand(&mut self, lists: usize) -> Result<()> {
+        if lists <= self.cand_cap {
+            return Ok(());
+        }
+        let cap = lists.next_power_of_two();
+        self.d_ckey = DevBuf::new(cap * KMAX * 4, "candidates")?;
+        self.d_crow = DevBuf::new(cap * KMAX * 4, "candidates")?;
+        self.d_ccnt = DevBuf::new(cap * 4, "candidate counts")?;
+        self.cand_cap = cap;
+        self.graphs.clear();
+        Ok(())
+    }
+
+    fn kbucket(k: usize) -> u32 {
+        if k <= 16 {
+            16
+        } else if k <= 128 {
+            128
+        } else {
+            KMAX as u32
+        }
+    }
+
+    /// Captures the single-query graph: H2D(params + query) → scan_topk, which writes the
+    /// results straight into mapped pinned memory and publishes a sequence number last.
+    fn capture(&mut self, grid: u32, kb: u32) -> Result<Graph> {
+        let smem = (SMEM_MAIN + self.dp * 4) as u32;
+        let in_bytes = PARAMS_BYTES + self.dp * 4;
+        let _ = kb;
+        unsafe {
+            ck("begin capture", sys::cuStreamBeginCapture_v2(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))?;
+            let body = (|| -> Result<()> {
+                ck("capture H2D", sys::cuMemcpyHtoDAsync_v2(self.d_in.ptr, self.h_in.ptr as *const c_void, in_bytes, self.stream))?;
+                let mut a_in = self.d_in.ptr;
+                let mut tab = self.table_arg();
+                let mut ck_ = self.d_ckey.ptr;
+                let mut cr = self.d_crow.ptr;
+                let mut cc = self.d_ccnt.ptr;
+                let mut tk = self.d_ticket.ptr;
+                let mut out = self.d_out;
+                let mut args: [*mut c_void; 7] = [
+                    &mut a_in as *mut _ as *mut c_void,
+                    &mut tab as *mut _ as *mut c_void,
+                    &mut ck_ as *mut _ as *mut c_void,
+                    &mut cr as *mut _ as *mut c_void,
+                    &mut cc as *mut _ as *mut c_void,
+                    &mut tk as *mut _ as *mut c_void,
+                    &mut out as *mut _ as *mut c_void,
+                ];
+                ck("capture scan_topk", sys::cuLaunchKernel(self.f_scan, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                Ok(())
+            })();
+            let mut graph: sys::CUgraph = std::ptr::null_mut();
+            let r_end = sys::cuStreamEndCapture(self.stream, &mut graph);
+            body?;
+            ck("end capture", r_end)?;
+            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+            let r = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
+            if r != sys::CUresult::CUDA_SUCCESS {
+                sys::cuGraphDestroy(graph);
+                return Err(cu_err("graph instantiate", r));
+            }
+            let g = Graph { graph, exec };
+            ck("graph upload", sys::cuGraphUpload(g.exec, self.stream))?;
+            Ok(g)
+        }
+    }
+
+    fn fill_params(&self, req: &SearchRequest<'_>, store: &Store, n: usize, k: usize, grid: u32, chunk: u32) -> Params {
+        let mut p = Params {
+            n: n as u32,
+            k: k as u32,
+            nns: NONE_U32,
+            flags: 0,
+            now_ms: req.now_ms,
+            w: 0.0,
+            qnorm: 0.0,
+            hl: 1.0,
+            grid,
+            chunk,
+            ntiles: 1,
+            tile: 0,
+            seq: 0,
+            qscale: 1.0,
+            ns: [0; MAX_FILTER_NAMESPACES],
+        };
+        if let Some(v) = &req.filter.namespaces {
+            p.nns = v.len() as u32;
+            p.ns[..v.len()].copy_from_slice(v);
+        }
+        if store.has_expiring() {
+            p.flags |= FLAG_EXPIRY;
+        }
+        if let Some(r) = req.recency {
+            p.flags |= FLAG_RECENCY;
+            p.w = r.weight;
+            p.hl = r.half_life_ms;
+        }
+        p
+    }
+
+    fn search_one(&mut self, store: &Store, req: &SearchRequest<'_>, q: &[f32]) -> Result<Vec<Hit>> {
+        let n = self.len;
+        let k = req.k.min(KMAX);
+        let grid = self.grid_for(n, k);
+        let chunk = n.div_ceil(grid as usize).max(1) as u32;
+        self.ensure_cand(grid as usize)?;
+        let kb = Self::kbucket(k);
+        let key = (grid, kb);
+        let stale = match self.graphs.get(&key) {
+            Some((g, _)) => *g != self.gen,
+            None => true,
+        };
+        if stale {
+            let g = self.capture(grid, kb)?;
+            self.graphs.insert(key, (self.gen, g));
+        }
+        let mut p = self.fill_params(req, store, n, k, grid, chunk);
+        if self.metric == Metric::L2 {
+            p.qnorm = q.iter().map(|x| x * x).sum();
+        }
+        let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
+        p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
+        self.seq = self.seq.wrapping_add(1).max(1);
+        p.seq = self.seq;
+        {
+            let dp = self.dp;
+            let buf = self.h_in.slice();
+            // SAFETY: Params is repr(C) plain data.
+            let pb = unsafe { std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>()) };
+            buf[..pb.len()].copy_from_slice(pb);
+            let qb = &mut buf[PARAMS_BYTES..PARAMS_BYTES + dp * 4];
+            for (i, c) in qb.chunks_exact_mut(4).enumerate() {
+                let v = if i < q.len() { q[i] } else { 0.0 };
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let exec = self.graphs.get(&key).unwrap().1.exec;
+        let t0 = std::time::Instant::now();
+        ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
+        self.wait_published(p.seq)?;
+        if self.rtt.len() < self.rtt.capacity() {
+            self.rtt.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+        }
+        let out = unsafe { std::slice::from_raw_parts(self.h_out.ptr as *const u8, 8 + 12 * k) };
+        let count = u32::from_le_bytes(out[0..4].try_into().unwrap()) as usize;
+        if count > k {
+            return Err(Error::new(Status::Cuda, format!("GPU returned {count} hits for k = {k}")));
+        }
+        let mut hits = Vec::with_capacity(count);
+        let so = 8 + 8 * k;
+        for i in 0..count {
+            let id = u64::from_le_bytes(out[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+            let score = f32::from_le_bytes(out[so + 4 * i..so + 4 * i + 4].try_into().unwrap());
+            hits.push(Hit { id, score });
+        }
+        Ok(hits)
+    }
+
+    /// Spins until the kernel has published sequence number `seq` (the server thread polls
+    /// anyway; a stream synchronisation would add microseconds). A failed or finished-without-
+    /// publishing kernel is detected through the stream's status.
+    fn wait_published(&self, seq: u32) -> Result<()> {
+        let word = unsafe { self.h_out.ptr.add(4) as *const u32 };
+        let mut i = 0u32;
+        loop {
+            if unsafe { std::ptr::read_volatile(word) } == seq {
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                return Ok(());
+            }
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i % 256 == 0 {
+                let r = unsafe { sys::cuStreamQuery(self.stream) };
+                if r == sys::CUresult::CUDA_SUCCESS {
+                    if unsafe { std::ptr::read_volatile(word) } == seq {
+                        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                        return Ok(());
+                    }
+                    return Err(Error::new(Status::Cuda, "the search kernel finished without publishing its results"));
+                } else if r != sys::CUresult::CUDA_ERROR_NOT_READY {
+                    return Err(cu_err("search kernel", r));
+                }
+            }
+        }
+    }
+
+    fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, lists: usize) -> Result<()> {
+        let ok = match &self.batch {
+            Some(b) => b.nq_cap >= nq && b.k_cap >= k && b.tile_rows >= tile_rows && b.lists_cap >= lists,
+            None => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        self.batch = None;
+        let nq = nq.next_power_of_two();
+        let dp = self.dp;
+        self.batch = Some(BatchBufs {
+            nq_cap: nq,
+            k_cap: k,
+            tile_rows,
+            lists_cap: lists,
+            d_qf32: DevBuf::new(nq * self.dim * 4, "batch queries")?,
+            d_q: DevBuf::new(nq * dp * self.esize, "batch queries")?,
+            d_qn: DevBuf::new(nq * 4, "query norms")?,
+            d_params: DevBuf::new(PARAMS_BYTES * lists, "batch params")?,
+            d_scores: DevBuf::new(nq * tile_rows * 4, "score tile")?,
+            d_ckey: DevBuf::new(nq * lists * k * 4, "batch candidates")?,
+            d_crow: DevBuf::new(nq * lists * k * 4, "batch candidates")?,
+            d_ccnt: DevBuf::new(nq * lists * 4, "batch candidate counts")?,
+            d_oids: DevBuf::new(nq * k * 8, "batch ids")?,
+            d_oscores: DevBuf::new(nq * k * 4, "batch scores")?,
+            d_ocnt: DevBuf::new(nq * 4, "batch counts")?,
+            d_thr: DevBuf::new(nq * 4, "batch thresholds")?,
+        });
+        Ok(())
+    }
+
+    /// Batched search: queries in groups of `nqt`; for each group the table is cut in tiles of
+    /// `tile` rows, each tile scored by one GEMM (cuBLAS, f32 accumulation; plain SGEMM for f32
+    /// storage) and selected per query; a final kernel merges every tile's candidates.
+    fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        let n = self.len;
+        let dim = self.dim;
+        let k = req.k.min(KMAX);
+        let nq_all = req.nq;
+        // Rows per tile and queries per group, so that the score tile stays ~SCORE_TILE_BYTES
+        // and the candidate lists within CAND_BYTES.
+        let mut nqt = nq_all.min(1024);
+        let tile = (SCORE_TILE_BYTES / (nqt * 4)).clamp(CHUNK, 1 << 22).min(align_up(n, CHUNK));
+        let gq = tile.div_ceil(CHUNK);
+        let ntiles = n.div_ceil(tile);
+        let lists = ntiles * gq;
+        while nqt > 1 && nqt * lists * k * 8 > CAND_BYTES {
+            nqt /= 2;
+        }
+        self.ensure_batch(nqt, k, tile, lists)?;
+        let b = self.batch.as_ref().unwrap();
+        let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
+        let (d_ckey, d_crow, d_ccnt, d_oids, d_osc, d_ocnt) = (b.d_ckey.ptr, b.d_crow.ptr, b.d_ccnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
+        let d_thr = b.d_thr.ptr;
+        let smem = SMEM_MAIN as u32;
+        let mut ids = vec![0u64; nqt * k];
+        let mut scores = vec![0f32; nqt * k];
+        let mut counts = vec![0u32; nqt];
+        out.clear();
+        for q0 in (0..nq_all).step_by(nqt) {
+            let m = (nq_all - q0).min(nqt);
+            let qs = &req.queries[q0 * dim..(q0 + m) * dim];
+            let qn: Vec<f32> = qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();
+            let mut p = self.fill_params(req, store, n, k, gq as u32, CHUNK as u32);
+            p.ntiles = ntiles as u32;
+            unsafe {
+                ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
+                ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
+                let mut a_src = d_qf32;
+                let mut a_m = m as u32;
+                let mut a_dst = d_q;
+                let mut args: [*mut c_void; 3] =
+                    [&mut a_src as *mut _ as *mut c_void, &mut a_m as *mut _ as *mut c_void, &mut a_dst as *mut _ as *mut c_void];
+                let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
+                ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+            }
+            let mut pall = vec![0u8; PARAMS_BYTES * ntiles];
+            for t in 0..ntiles {
+                p.tile = t as u32;
+                let pb = unsafe { std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>()) };
+                pall[t * PARAMS_BYTES..t * PARAMS_BYTES + pb.len()].copy_from_slice(pb);
+            }
+            unsafe {
+                ck("sync", sys::cuStreamSynchronize(self.stream))?;
+                ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pall.as_ptr() as *const c_void, pall.len()))?;
+                ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
+            }
+            for t in 0..ntiles {
+                let row0 = t * tile;
+                let rows = (n - row0).min(tile);
+                unsafe {
+                    let alpha = 1.0f32;
+                    let beta = 0.0f32;
+                    let a = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
+                    if self.dtype == Dtype::F32 {
+                        ckb(
+                            "cublasSgemm",
+                            cb::cublasSgemm_v2(
+                                self.blas,
+                                cb::cublasOperation_t::CUBLAS_OP_T,
+                                cb::cublasOperation_t::CUBLAS_OP_N,
+                                rows as i32,
+                                m as i32,
+                                self.dp as i32,
+                                &alpha,
+                                a as *const f32,
+                                self.dp as i32,
+                                d_q as *const f32,
+                                self.dp as i32,
+                                &beta,
+                                d_scores as *mut f32,
+                                rows as i32,
+                            ),
+                        )?;
+                    } else {
+                        let ty = if self.dtype == Dtype::F16 { cb::cudaDataType::CUDA_R_16F } else { cb::cudaDataType::CUDA_R_16BF };
+                        ckb(
+                            "cublasGemmEx",
+                            cb::cublasGemmEx(
+                                self.blas,
+                                cb::cublasOperation_t::CUBLAS_OP_T,
+                                cb::cublasOperation_t::CUBLAS_OP_N,
+                                rows as i32,
+                                m as i32,
+                                self.dp as i32,
+                                &alpha as *const f32 as *const c_void,
+                                a as *const c_void,
+                                ty,
+                                self.dp as i32,
+                                d_q as *const c_void,
+                                ty,
+                                self.dp as i32,
+                                &beta as *const f32 as *const c_void,
+                                d_scores as *mut c_void,
+                                cb::cudaDataType::CUDA_R_32F,
+                                rows as i32,
+                                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                            ),
+                        )?;
+                    }
+                    let mut a_in = d_params + (t * PARAMS_BYTES) as u64;
+                    let mut a_qn = d_qn;
+                    let mut tab = self.table_arg();
+                    let mut a_sc = d_scores;
+                    let mut a_ld = rows as u32;
+                    let mut a_row0 = row0 as u32;
+                    let mut a_rows = rows as u32;
+                    let mut a_ck = d_ckey;
+                    let mut a_cr = d_crow;
+                    let mut a_cc = d_ccnt;
+                    let mut a_thr = d_thr;
+                    let mut args: [*mut c_void; 11] = [
+                        &mut a_in as *mut _ as *mut c_void,
+                        &mut a_qn as *mut _ as *mut c_void,
+                        &mut tab as *mut _ as *mut c_void,
+                        &mut a_sc as *mut _ as *mut c_void,
+                        &mut a_ld as *mut _ as *mut c_void,
+                        &mut a_row0 as *mut _ as *mut c_void,
+                        &mut a_rows as *mut _ as *mut c_void,
+                        &mut a_ck as *mut _ as *mut c_void,
+                        &mut a_cr as *mut _ as *mut c_void,
+                        &mut a_cc as *mut _ as *mut c_void,
+                        &mut a_thr as *mut _ as *mut c_void,
+                    ];
+                    ck(
+                        "launch gemm_select",
+                        sys::cuLaunchKernel(self.f_gsel, gq as u32, m as u32, 1, NT, 1, 1, (CHUNK * 4) as u32, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
+                    )?;
+                }
+            }
+            unsafe {
+                let mut a_in = d_params;
+                let mut tab = self.table_arg();
+                let mut a_ck = d_ckey;
+                let mut a_cr = d_crow;
+                let mut a_cc = d_ccnt;
+                let mut a_oi = d_oids;
+                let mut a_os = d_osc;
+                let mut a_oc = d_ocnt;
+                let mut args: [*mut c_void; 8] = [
+                    &mut a_in as *mut _ as *mut c_void,
+                    &mut tab as *mut _ as *mut c_void,
+                    &mut a_ck as *mut _ as *mut c_void,
+                    &mut a_cr as *mut _ as *mut c_void,
+                    &mut a_cc as *mut _ as *mut c_void,
+                    &mut a_oi as *mut _ as *mut c_void,
+                    &mut a_os as *mut _ as *mut c_void,
+                    &mut a_oc as *mut _ as *mut c_void,
+                ];
+                ck(
+                    "launch merge_final",
+                    sys::cuLaunchKernel(self.f_merge, m as u32, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
+                )?;
+                ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
+                ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
+                ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
+                self.sync_stream()?;
+            }
+            for i in 0..m {
+                let c = counts[i] as usize;
+                if c > k {
+                    return Err(Error::new(Status::Cuda, format!("GPU returned {c} hits for k = {k}")));
+                }
+                out.push((0..c).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }).collect());
+            }
+        }
+        Ok(())
+    }
+
+    fn guarded<T>(&mut self, what: &str, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        if let Some(m) = &self.failed {
+            return Err(Error::new(Status::Cuda, format!("the CUDA engine failed earlier: {m}")));
+        }
+        let r = match catch_unwind(AssertUnwindSafe(|| f(self))) {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(Status::Cuda, format!("{what}: a CUDA library call panicked"))),
+        };
+        if let Err(e) = &r {
+            // Out of memory on growth leaves the engine usable; anything else poisons it (a
+            // sticky CUDA error makes every later call fail).
+            if e.status != Status::StoreFull {
+                self.failed = Some(e.message.clone());
+            }
+        }
+        r
+    }
+}
+
+impl Drop for CudaEngine {
+    fn drop(&mut self) {
+        if !self.rtt.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
+            let mut v = self.rtt.clone();
+            v.sort_unstable();
+            eprintln!(
+                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us",
+                self.describe(),
+                v.len(),
+                v[v.len() / 2] as f64 / 1000.0,
+                v[(v.len() * 99) / 100] as f64 / 1000.0
+            );
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
+            sys::cuStreamSynchronize(self.stream);
+            self.graphs.clear();
+            self.batch = None;
+            if !self.blas.is_null() {
+                cb::cublasDestroy_v2(self.blas);
+            }
+            sys::cuStreamDestroy_v2(self.stream);
+        }));
+    }
+}
+
+// SAFETY: the engine is created and used on the server thread only (the trait needs Send so the
+// box can be handed to that thread before first use; every CUDA handle here is used there).
+unsafe impl Send for CudaEngine {}
+
+impl Engine for CudaEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Cuda
+    }
+    fn describe(&self) -> String {
+        let mut s = format!("cuda-sm{}{}-{}", self.cc.0, self.cc.1, self.dtype.name());
+        if self.hybrid {
+            s.push_str(if self.last_cpu { "-auto(last:cpu)" } else { "-auto(last:gpu)" });
+        }
+        s
+    }
+    fn sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()> {
+        self.guarded("sync", |e| e.do_sync(store, dirty))
+    }
+    fn reserve(&mut self, rows: usize) -> Result<()> {
+        self.guarded("reserve", |e| e.ensure_capacity(rows))
+    }
+    fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        if self.hybrid && store.len().saturating_mul(self.dim).saturating_mul(req.nq) < self.min_work {
+            self.last_cpu = true;
+            return self.cpu.search(store, req, out);
+        }
+        self.last_cpu = false;
+        if self.len != store.len() {
+            return Err(Error::new(Status::Internal, format!("GPU table has {} rows, the store {}", self.len, store.len())));
+        }
+        if self.len == 0 {
+            out.clear();
+            out.resize(req.nq, Vec::new());
+            return Ok(());
+        }
+        self.guarded("search", |e| {
+            e.searches += 1;
+            if e.fault_after.is_some_and(|n| e.searches > n) {
+                return Err(Error::new(Status::Cuda, "injected fault (KALOS_CUDA_FAULT_AFTER)"));
+            }
+            if req.nq == 1 {
+                let h = e.search_one(store, req, &req.queries[..e.dim])?;
+                out.clear();
+                out.push(h);
+                Ok(())
+            } else {
+                e.search_batch(store, req, out)
+            }
+        })
+    }
 }

@@ -41,6 +41,11 @@ pub trait Engine: Send {
     /// Exact top-k for every query in `req`; `out` is resized to `req.nq`, each entry sorted best
     /// first.
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()>;
+    /// Makes room for `rows` rows before a write is applied, so that running out of (GPU)
+    /// memory fails the write with a clear status and leaves the table unchanged.
+    fn reserve(&mut self, _rows: usize) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Bounded selection of the best `k` (key, id) pairs: larger key is better, ties go to the

@@ -1,0 +1,733 @@
+// Kalos GPU kernels: fused scan + exact top-k (single query), GEMM-tile selection (batches),
+// incremental table updates. Compiled at server start by NVRTC to a CUBIN for the device's own
+// architecture, specialised by the defines below (no headers: NVRTC needs none of the toolkit).
+//
+//   DIM     vector dimension                        (default 128)
+//   DTYPE   0 = f32, 1 = f16, 2 = bf16 table storage (default 0)
+//   METRIC  0 = ip, 1 = cosine (stored normalised: ip), 2 = l2 (squared distance)
+//
+// Ranking uses a 32-bit "key" per row: the float score mapped to an unsigned integer whose
+// order is the float order (l2 scores are negated distances first). Key 0 never comes from a
+// float and marks a row the request may not see (namespace filter, expiry). Ties on the key are
+// broken by the lower 64-bit id, exactly as the CPU engine does, so results match bit for bit
+// in order whenever the scores do.
+//
+// Selection is a block-wide radix select (4 passes of 8 bits over the key, then, only if more
+// rows share the k-th key than are needed, 8 passes over the ids of those rows), so any k up to
+// 1024 works the same way. Every block selects the top k of its own slice of the table; the last
+// block to finish (an atomic ticket) merges the blocks' candidates with the same routine, sorts
+// the winners and writes the answer: one kernel for the whole single-query path.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+#ifndef DIM
+#define DIM 128
+#endif
+#ifndef DTYPE
+#define DTYPE 0
+#endif
+#ifndef METRIC
+#define METRIC 0
+#endif
+
+#define NT 256          // threads per block
+#define CHUNK 4096      // most rows one block scores (keys held in shared memory)
+#define KMAX 1024
+#define MAXNS 64
+#define NONE_U32 0xFFFFFFFFu
+#define FLAG_EXPIRY 1u
+#define FLAG_RECENCY 2u
+
+#if DTYPE == 0
+#define VEC 4
+#else
+#define VEC 8
+#endif
+#define DP (((DIM + VEC - 1) / VEC) * VEC)   // padded row length (elements); 16-byte rows
+#define NV (DP / VEC)                         // 16-byte vectors per row
+#if NV >= 17
+#define GS 32
+#elif NV >= 9
+#define GS 16
+#elif NV >= 5
+#define GS 8
+#elif NV >= 3
+#define GS 4
+#elif NV == 2
+#define GS 2
+#else
+#define GS 1
+#endif
+#define NCH ((NV + GS - 1) / GS)              // 16-byte loads per lane per row
+#if NCH * VEC <= 48
+#define QREG 1                                // query slice held in registers
+#else
+#define QREG 0                                // query read from shared memory
+#endif
+#if NCH >= 12
+#define RU 1
+#elif (12 / NCH) > 8
+#define RU 8
+#else
+#define RU (12 / NCH)                         // rows in flight per lane group
+#endif
+
+// Request parameters, copied to the device with the query (layout mirrored in cuda.rs).
+struct Params {
+    u32 n;        // table rows
+    u32 k;        // results wanted (1..1024)
+    u32 nns;      // namespaces in the filter, NONE_U32 = no filter
+    u32 flags;    // FLAG_EXPIRY | FLAG_RECENCY
+    u64 now_ms;
+    float w;      // recency weight
+    float qnorm;  // |q|^2 (l2, single query)
+    double hl;    // recency half-life, ms
+    u32 grid;     // blocks taking part (single-query kernel)
+    u32 chunk;    // rows per block
+    u32 ntiles;   // batched path: candidate blocks per query = ntiles * grid
+    u32 tile;     // batched path: index of this tile
+    u32 seq;      // single query: sequence number published after the results
+    float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
+    u64 ns[MAXNS];
+};
+#define PARAMS_BYTES 640
+// Dynamic shared memory of the search kernels before the (optional) query copy: the chunk keys
+// (CHUNK*4) share the first 32 KiB with the merge input (MCAP*8); then 16 KiB of merge output.
+#define SMEM_MAIN (4096 * 8 + 1024 * 16)
+
+// Table columns on the device.
+struct Table {
+    const void* vecs;        // n x DP elements
+    const float* norms;      // l2: |x|^2
+    const u64* ids;
+    const u64* ns;
+    const u64* created;
+    const u64* expires;
+};
+
+__device__ __forceinline__ u32 f2key(float f) {
+    u32 u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key2f(u32 k) {
+    u32 u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    return __uint_as_float(u);
+}
+__device__ __forceinline__ float h2f(u32 h) {
+    float f;
+    unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    unsigned short s;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s) : "f"(f));
+    return s;
+}
+__device__ __forceinline__ u16 f2bf(float f) {
+    unsigned short s;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(s) : "f"(f));
+    return s;
+}
+
+// Table rows are read once per query: they bypass L1 allocation (LDNA=0 gives a plain __ldg;
+// the two measured the same on the H200, LDNA=1 is the configuration the benchmark ran).
+#ifndef LDNA
+#define LDNA 1
+#endif
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+#if LDNA
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+#else
+    return __ldg(p);
+#endif
+}
+
+// Dot product of one 16-byte vector of stored elements with VEC query values.
+__device__ __forceinline__ float dot16(uint4 v, const float* q, float acc) {
+#if DTYPE == 0
+    acc = fmaf(__uint_as_float(v.x), q[0], acc);
+    acc = fmaf(__uint_as_float(v.y), q[1], acc);
+    acc = fmaf(__uint_as_float(v.z), q[2], acc);
+    acc = fmaf(__uint_as_float(v.w), q[3], acc);
+#elif DTYPE == 1
+    acc = fmaf(h2f(v.x & 0xffffu), q[0], acc);
+    acc = fmaf(h2f(v.x >> 16), q[1], acc);
+    acc = fmaf(h2f(v.y & 0xffffu), q[2], acc);
+    acc = fmaf(h2f(v.y >> 16), q[3], acc);
+    acc = fmaf(h2f(v.z & 0xffffu), q[4], acc);
+    acc = fmaf(h2f(v.z >> 16), q[5], acc);
+    acc = fmaf(h2f(v.w & 0xffffu), q[6], acc);
+    acc = fmaf(h2f(v.w >> 16), q[7], acc);
+#else
+    acc = fmaf(__uint_as_float(v.x << 16), q[0], acc);
+    acc = fmaf(__uint_as_float(v.x & 0xffff0000u), q[1], acc);
+    acc = fmaf(__uint_as_float(v.y << 16), q[2], acc);
+    acc = fmaf(__uint_as_float(v.y & 0xffff0000u), q[3], acc);
+    acc = fmaf(__uint_as_float(v.z << 16), q[4], acc);
+    acc = fmaf(__uint_as_float(v.z & 0xffff0000u), q[5], acc);
+    acc = fmaf(__uint_as_float(v.w << 16), q[6], acc);
+    acc = fmaf(__uint_as_float(v.w & 0xffff0000u), q[7], acc);
+#endif
+    return acc;
+}
+
+#if DTYPE == 1 && QREG
+// f16 storage: packed half2 products of 8 elements summed in f16 (4 HFMA2), then added in f32.
+// One 16-byte load costs 4 HFMA2 + 2 conversions instead of 8 conversions + 8 FFMA: the
+// conversion rate, not memory, bounded the plain version. The query is pre-scaled to |q| <= 1
+// (P.qscale) so partial sums stay far from the f16 range limit for stored |x| < ~8000.
+#define HALF2_DOT 1
+__device__ __forceinline__ float dot16h(uint4 v, const u32* qh, float acc) {
+    u32 a;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a) : "r"(v.x), "r"(qh[0]), "r"(0u));
+    asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(a) : "r"(v.y), "r"(qh[1]));
+    asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(a) : "r"(v.z), "r"(qh[2]));
+    asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(a) : "r"(v.w), "r"(qh[3]));
+    return acc + h2f(a & 0xffffu) + h2f(a >> 16);
+}
+#else
+#define HALF2_DOT 0
+#endif
+
+// Raw similarity (dot, or for l2 the dot turned into a negated distance) -> ranking key,
+// applying recency, the namespace filter and expiry. `sns` is the filter in shared memory.
+__device__ __forceinline__ u32 make_key(float dot, float qnorm, u32 row, const Params& P, const Table& T,
+                                        const u64* sns) {
+#if METRIC == 2
+    float s = -fmaxf(qnorm - 2.0f * dot + T.norms[row], 0.0f);
+#else
+    float s = dot;
+#endif
+    if (P.flags & FLAG_RECENCY) {
+        u64 c = T.created[row];
+        u64 age = P.now_ms > c ? P.now_ms - c : 0ull;
+        float boost = (float)exp2(-(double)age / P.hl);
+        s = (1.0f - P.w) * s + P.w * boost;
+    }
+    bool ok = true;
+    if (P.nns != NONE_U32) {
+        u64 ns = T.ns[row];
+        ok = false;
+        for (u32 i = 0; i < P.nns; i++) ok |= (sns[i] == ns);
+    }
+    if (P.flags & FLAG_EXPIRY) ok &= T.expires[row] > P.now_ms;
+    return ok ? f2key(s) : 0u;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-wide radix select.
+// ---------------------------------------------------------------------------------------------
+
+struct SelShared {
+    u32 hist[256];
+    u32 wsum[NT / 32];
+    u32 prefix, mask, need, bincount, total, all;
+    u64 idprefix, idmask;
+    u32 idneed, tie;  // tie: 1 when tied rows are cut by id (idprefix is the largest id taken)
+    u32 cnt;
+    u32 last;
+};
+
+// Inclusive scan of one value per thread (NT threads), top-down or bottom-up order handled by
+// the caller. Returns the inclusive prefix for thread t.
+__device__ __forceinline__ u32 block_scan(u32 v, SelShared& S) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) S.wsum[warp] = x;
+    __syncthreads();
+    u32 add = 0;
+    for (int w = 0; w < warp; w++) add += S.wsum[w];
+    __syncthreads();
+    return x + add;
+}
+
+// Accessor over the chunk keys of one block (shared memory).
+struct ChunkAcc {
+    const u32* keys;
+    u32 row0;
+    const u64* ids;
+    __device__ __forceinline__ u32 key(u32 i) const { return keys[i]; }
+    __device__ __forceinline__ u32 row(u32 i) const { return row0 + i; }
+    __device__ __forceinline__ u64 id(u32 i) const { return ids[row0 + i]; }
+};
+
+// Accessor over candidate lists (global memory, written by other blocks): `nb` lists of
+// stride `k`, list b holding cnt[b] entries.
+struct CandAcc {
+    const u32* ckey;
+    const u32* crow;
+    const u32* ccnt;
+    u32 k;
+    const u64* ids;
+    __device__ __forceinline__ u32 key(u32 i) const {
+        u32 b = i / k, j = i - b * k;
+        return j < __ldcg(ccnt + b) ? __ldcg(ckey + i) : 0u;
+    }
+    __device__ __forceinline__ u32 row(u32 i) const { return __ldcg(crow + i); }
+    __device__ __forceinline__ u64 id(u32 i) const { return ids[__ldcg(crow + i)]; }
+};
+
+// Finds the rule that takes exactly min(k, valid) elements of `a[0..m)`; result in S.
+template <class A>
+__device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S) {
+    const int t = threadIdx.x;
+    if (t == 0) { S.prefix = 0; S.mask = 0; S.need = k; S.all = 0; S.tie = 0; S.total = 0; }
+    __syncthreads();
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        S.hist[t] = 0;
+        __syncthreads();
+        const u32 prefix = S.prefix, mask = S.mask;
+        for (u32 i = t; i < m; i += NT) {
+            u32 kk = a.key(i);
+            // Scores cluster in a few bins of the top digits: aggregate equal bins per warp so
+            // that one shared-memory atomic serves every lane that hit the bin.
+            u32 bin = (kk != 0u && (kk & mask) == prefix) ? ((kk >> shift) & 255u) : 256u;
+            u32 peers = __match_any_sync(__activemask(), bin);
+            if (bin < 256u && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&S.hist[bin], (u32)__popc(peers));
+        }
+        __syncthreads();
+        // Counts from the top digit down: thread t looks at digit 255 - t.
+        u32 v = S.hist[255 - t];
+        u32 need = S.need;  // read before block_scan: its barriers keep the write below after every read
+        u32 incl = block_scan(v, S);
+        if (pass == 0 && t == NT - 1) S.total = incl;
+        if (incl >= need && incl - v < need) {
+            S.prefix = prefix | ((u32)(255 - t) << shift);
+            S.mask = mask | (255u << shift);
+            S.need = need - (incl - v);
+            S.bincount = v;
+        }
+        __syncthreads();
+        if (pass == 0 && S.total <= k) {  // every valid element is taken
+            if (t == 0) { S.all = 1; S.prefix = 0; S.mask = 0; }
+            __syncthreads();
+            return;
+        }
+        if (S.bincount == S.need) return;  // the whole bin is taken: the prefix decides
+        __syncthreads();
+    }
+    // More elements share the k-th key than are needed: take the lowest ids among them.
+    if (t == 0) { S.tie = 1; S.idprefix = 0; S.idmask = 0; S.idneed = S.need; }
+    __syncthreads();
+    const u32 kth = S.prefix;
+    for (int pass = 0; pass < 8; pass++) {
+        const int shift = 56 - 8 * pass;
+        S.hist[t] = 0;
+        __syncthreads();
+        const u64 ip = S.idprefix, im = S.idmask;
+        for (u32 i = t; i < m; i += NT) {
+            if (a.key(i) == kth) {
+                u64 id = a.id(i);
+                if ((id & im) == ip) atomicAdd(&S.hist[(u32)(id >> shift) & 255u], 1u);
+            }
+        }
+        __syncthreads();
+        u32 v = S.hist[t];  // ascending digits: smallest ids first
+        u32 need = S.idneed;
+        u32 incl = block_scan(v, S);
+        if (incl >= need && incl - v < need) {
+            S.idprefix = ip | ((u64)t << shift);
+            S.idmask = im | (255ull << shift);
+            S.idneed = need - (incl - v);
+        }
+        __syncthreads();
+    }
+    // ids are unique: idprefix is now the largest id to take.
+}
+
+template <class A>
+__device__ __forceinline__ bool take(const A& a, u32 i, u32 kk, const SelShared& S) {
+    if (kk == 0u) return false;
+    if (S.all) return true;
+    u32 km = kk & S.mask;
+    if (km > S.prefix) return true;
+    if (km < S.prefix) return false;
+    if (!S.tie) return true;
+    return a.id(i) <= S.idprefix;
+}
+
+// Selects the top k of a[0..m) and writes (key,row) pairs to okey/orow; returns the count
+// (valid in every thread).
+template <class A>
+__device__ u32 select_to(const A& a, u32 m, u32 k, SelShared& S, u32* okey, u32* orow) {
+    select_rule(a, m, k, S);
+    if (threadIdx.x == 0) S.cnt = 0;
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < m; i += NT) {
+        u32 kk = a.key(i);
+        if (take(a, i, kk, S)) {
+            u32 p = atomicAdd(&S.cnt, 1u);
+            okey[p] = kk;
+            orow[p] = a.row(i);
+        }
+    }
+    __syncthreads();
+    return S.cnt;
+}
+
+// Accessor over candidates compacted into shared memory.
+struct SmemAcc {
+    const u32* keys;
+    const u32* rows;
+    const u64* ids;
+    __device__ __forceinline__ u32 key(u32 i) const { return keys[i]; }
+    __device__ __forceinline__ u32 row(u32 i) const { return rows[i]; }
+    __device__ __forceinline__ u64 id(u32 i) const { return ids[rows[i]]; }
+};
+
+// Merges `nb` candidate lists (stride k) into the top k. When they fit (MCAP entries), they are
+// first compacted into shared memory with one parallel pass, so the radix passes read shared
+// memory instead of dependent global loads. Results go to skey/srow; returns the count.
+#define MCAP 4096
+__device__ u32 merge_lists(const u32* ckey, const u32* crow, const u32* ccnt, u32 nb, u32 k, const u64* ids,
+                           u32* mkey, u32* mrow, SelShared& S, u32* skey, u32* srow) {
+    const u32 m = nb * k;
+    if (m <= MCAP) {
+        if (threadIdx.x == 0) S.cnt = 0;
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < m; i += NT) {
+            u32 b = i / k, j = i - b * k;
+            if (j < __ldcg(ccnt + b)) {
+                u32 p = atomicAdd(&S.cnt, 1u);
+                mkey[p] = __ldcg(ckey + i);
+                mrow[p] = __ldcg(crow + i);
+            }
+        }
+        __syncthreads();
+        const u32 c = S.cnt;
+        __syncthreads();
+        SmemAcc a{mkey, mrow, ids};
+        return select_to(a, c, k, S, skey, srow);
+    }
+    CandAcc a{ckey, crow, ccnt, k, ids};
+    return select_to(a, m, k, S, skey, srow);
+}
+
+// Sorts c <= KMAX (key, id, row) entries in shared memory best first (key desc, id asc) and
+// writes ids and scores.
+__device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64* ids, u64* out_ids,
+                               float* out_scores, u32* out_count) {
+    const int t = threadIdx.x;
+    u32 p2 = 1;
+    while (p2 < c) p2 <<= 1;
+    for (u32 i = t; i < p2; i += NT) {
+        if (i < c) sid[i] = ids[srow[i]];
+        else { skey[i] = 0u; sid[i] = ~0ull; }
+    }
+    __syncthreads();
+    for (u32 size = 2; size <= p2; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 i = t; i < p2; i += NT) {
+                u32 j = i ^ stride;
+                if (j > i) {
+                    bool up = (i & size) == 0;  // this run sorts best first
+                    u32 ki = skey[i], kj = skey[j];
+                    u64 ii = sid[i], ij = sid[j];
+                    bool jbetter = kj > ki || (kj == ki && ij < ii);
+                    if (jbetter == up) {
+                        skey[i] = kj; skey[j] = ki;
+                        sid[i] = ij; sid[j] = ii;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (u32 i = t; i < c; i += NT) {
+        out_ids[i] = sid[i];
+        float s = key2f(skey[i]);
+#if METRIC == 2
+        s = -s;
+#endif
+        out_scores[i] = s;
+    }
+    if (t == 0) *out_count = c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Single query: fused scan + top-k, one launch.
+// Dynamic shared memory: max(CHUNK*4, KMAX*16) bytes (+ DP*4 when the query is not in registers).
+// ---------------------------------------------------------------------------------------------
+
+struct Out {
+    u32 count;
+    u32 _pad;
+    // followed by u64 ids[k], float scores[k] (k = the request's k; see out_* below)
+};
+
+extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* __restrict__ in, Table T,
+                                                           u32* cand_key, u32* cand_row, u32* cand_cnt,
+                                                           u32* ticket, unsigned char* out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ SelShared S;
+    __shared__ u64 sns[MAXNS];
+    __shared__ Params P;
+    const int t = threadIdx.x;
+    {
+        const u32* src = (const u32*)in;
+        u32* dst = (u32*)&P;
+        for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
+    }
+    __syncthreads();
+    if (P.nns != NONE_U32)
+        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
+    const float* qg = (const float*)(in + PARAMS_BYTES);
+    u32* keys = (u32*)smem;
+#if !QREG
+    float* qs = (float*)(smem + SMEM_MAIN);
+    for (int i = t; i < DP; i += NT) qs[i] = qg[i];
+#endif
+    __syncthreads();
+
+    const u32 n = P.n, b = blockIdx.x;
+    const u32 r0 = min(n, b * P.chunk), r1 = min(n, r0 + P.chunk);
+    const int lane = t & (GS - 1);
+    const int grp = t / GS;
+    const int ngrp = NT / GS;
+#if HALF2_DOT
+    const float qinv = 1.0f / P.qscale;
+    u32 qh[NCH][4];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        int vi = c * GS + lane;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float lo = (vi < NV) ? qg[vi * VEC + 2 * e] * qinv : 0.0f;
+            float hi = (vi < NV) ? qg[vi * VEC + 2 * e + 1] * qinv : 0.0f;
+            qh[c][e] = (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+        }
+    }
+#elif QREG
+    float qr[NCH][VEC];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        int vi = c * GS + lane;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) qr[c][e] = (vi < NV) ? qg[vi * VEC + e] : 0.0f;
+    }
+#endif
+    const uint4* V = (const uint4*)T.vecs;
+    // Each lane group takes RU rows at a time. The loop bound is uniform across a warp (all
+    // groups of a warp step together) so the shuffles below always have every lane present.
+    const u32 wbase0 = r0 + (u32)(t / 32) * (32 / GS) * RU;
+    const u32 wstep = (u32)(NT / 32) * (32 / GS) * RU;
+    const u32 sub = (u32)((t & 31) / GS);
+    for (u32 wb = wbase0; wb < r1; wb += wstep) {
+        uint4 v[RU][NCH];
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            u32 row = wb + sub * RU + u;
+#pragma unroll
+            for (int c = 0; c < NCH; c++) {
+                int vi = c * GS + lane;
+                if (row < r1 && vi < NV) v[u][c] = ld_stream(V + (size_t)row * NV + vi);
+                else v[u][c] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        float acc[RU];
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NCH; c++) {
+#if HALF2_DOT
+                a = dot16h(v[u][c], qh[c], a);
+#elif QREG
+                a = dot16(v[u][c], qr[c], a);
+#else
+                int vi = c * GS + lane;
+                a = dot16(v[u][c], qs + (vi < NV ? vi : 0) * VEC, a);
+#endif
+            }
+#if HALF2_DOT
+            acc[u] = a * P.qscale;
+#else
+            acc[u] = a;
+#endif
+        }
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+#pragma unroll
+            for (int o = GS / 2; o > 0; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o, GS);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int u = 0; u < RU; u++) {
+                u32 row = wb + sub * RU + u;
+                if (row < r1) keys[row - r0] = make_key(acc[u], P.qnorm, row, P, T, sns);
+            }
+        }
+    }
+    (void)grp; (void)ngrp;
+    __syncthreads();
+
+    // Block's own top k -> candidate list b.
+    const u32 k = P.k;
+    ChunkAcc ca{keys, r0, T.ids};
+    select_to(ca, r1 - r0, k, S, cand_key + (size_t)b * k, cand_row + (size_t)b * k);
+    if (t == 0) cand_cnt[b] = S.cnt;
+
+    // The last block to finish merges everything.
+    __threadfence();
+    __syncthreads();
+    if (t == 0) S.last = (atomicAdd(ticket, 1u) == P.grid - 1) ? 1u : 0u;
+    __syncthreads();
+    if (!S.last) return;
+    __threadfence();
+    if (t == 0) *ticket = 0u;  // ready for the next replay
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    u32* skey = (u32*)(smem + MCAP * 8);
+    u32* srow = skey + KMAX;
+    u64* sid = (u64*)(srow + KMAX);
+    u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
+    u64* out_ids = (u64*)(out + 8);
+    float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
+    sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
+    // `out` is pinned host memory mapped into the device: the server thread spins on the
+    // sequence word, so publish it only after every result is visible to the host.
+    __threadfence_system();
+    __syncthreads();
+    if (t == 0) *(volatile u32*)(out + 4) = P.seq;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches: S = tile of GEMM scores, column-major [tile_rows x nq] (ld = ld). Block (b, q) selects
+// the top k of its slice of query q's column into candidate list (q, tile * grid + b).
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(NT) gemm_select(const unsigned char* __restrict__ in,
+                                                             const float* __restrict__ qnorms, Table T,
+                                                             const float* __restrict__ scores, u32 ld,
+                                                             u32 row0, u32 rows, u32* cand_key, u32* cand_row,
+                                                             u32* cand_cnt, u32* thr) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ SelShared S;
+    __shared__ u64 sns[MAXNS];
+    __shared__ Params P;
+    const int t = threadIdx.x;
+    {
+        const u32* src = (const u32*)in;
+        u32* dst = (u32*)&P;
+        for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
+    }
+    __syncthreads();
+    if (P.nns != NONE_U32)
+        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
+    __syncthreads();
+    const u32 q = blockIdx.y, b = blockIdx.x;
+    const u32 l0 = min(rows, b * P.chunk), l1 = min(rows, l0 + P.chunk);
+    const float qn = qnorms[q];
+    u32* keys = (u32*)smem;
+    const float* col = scores + (size_t)q * ld;
+    // thr[q]: a lower bound of query q's final k-th key (the best k-th key any earlier block
+    // saw). Rows below it cannot make the top k, so most blocks after the first tiles select
+    // from a handful of survivors (one radix pass) instead of all their rows.
+    const u32 lb = __ldcg(thr + q);
+    for (u32 i = l0 + t; i < l1; i += NT) {
+        u32 kk = make_key(col[i], qn, row0 + i, P, T, sns);
+        keys[i - l0] = kk < lb ? 0u : kk;
+    }
+    __syncthreads();
+    const u32 k = P.k;
+    const size_t list = (size_t)q * P.ntiles * P.grid + (size_t)P.tile * P.grid + b;
+    ChunkAcc ca{keys, row0 + l0, T.ids};
+    u32* okey = cand_key + list * k;
+    u32 c = select_to(ca, l1 - l0, k, S, okey, cand_row + list * k);
+    if (t == 0) cand_cnt[list] = c;
+    if (c == k) {  // a full list: its smallest key bounds the final k-th key from below
+        if (t == 0) S.last = 0xFFFFFFFFu;
+        __syncthreads();
+        u32 mn = 0xFFFFFFFFu;
+        for (u32 i = t; i < c; i += NT) mn = min(mn, okey[i]);
+        atomicMin(&S.last, mn);
+        __syncthreads();
+        if (t == 0) atomicMax(thr + q, S.last);
+    }
+}
+
+// Block q merges query q's candidate lists and writes ids[q*k..], scores[q*k..], counts[q].
+extern "C" __global__ void __launch_bounds__(NT) merge_final(const unsigned char* __restrict__ in, Table T,
+                                                             const u32* cand_key, const u32* cand_row,
+                                                             const u32* cand_cnt, u64* out_ids, float* out_scores,
+                                                             u32* out_counts) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ SelShared S;
+    const Params* P = (const Params*)in;
+    const u32 q = blockIdx.x, k = P->k;
+    const u32 lists = P->ntiles * P->grid;
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    u32* skey = (u32*)(smem + MCAP * 8);
+    u32* srow = skey + KMAX;
+    u64* sid = (u64*)(srow + KMAX);
+    const size_t base = (size_t)q * lists;
+    u32 c = merge_lists(cand_key + base * k, cand_row + base * k, cand_cnt + base, lists, k, T.ids, mkey, mrow, S, skey,
+                        srow);
+    sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k,
+                   out_counts + q);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table updates: m rows staged as f32 (DIM values each) plus their columns, scattered to
+// their row numbers and converted to the storage type (rows padded with zeros to DP).
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void scatter_rows(const u32* __restrict__ rows, const float* __restrict__ norms,
+                                        const u64* __restrict__ ids, const u64* __restrict__ ns,
+                                        const u64* __restrict__ created, const u64* __restrict__ expires,
+                                        const float* __restrict__ src, u32 m, void* dvecs, float* dnorms,
+                                        u64* dids, u64* dns, u64* dcreated, u64* dexpires) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t nth = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = tid; i < m; i += nth) {
+        u32 r = rows[i];
+        dnorms[r] = norms[i];
+        dids[r] = ids[i];
+        dns[r] = ns[i];
+        dcreated[r] = created[i];
+        dexpires[r] = expires[i];
+    }
+    const size_t total = (size_t)m * DP;
+    for (size_t i = tid; i < total; i += nth) {
+        size_t j = i / DP, c = i - j * DP;
+        float v = c < DIM ? src[j * DIM + c] : 0.0f;
+        size_t dst = (size_t)rows[j] * DP + c;
+#if DTYPE == 0
+        ((float*)dvecs)[dst] = v;
+#elif DTYPE == 1
+        ((u16*)dvecs)[dst] = f2h(v);
+#else
+        ((u16*)dvecs)[dst] = f2bf(v);
+#endif
+    }
+}
+
+// Queries (f32, DIM each) -> padded storage-type rows for the tensor-core GEMM.
+extern "C" __global__ void convert_queries(const float* __restrict__ src, u32 nq, void* dst) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t nth = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = tid; i < (size_t)nq * DP; i += nth) {
+        size_t j = i / DP, c = i - j * DP;
+        float v = c < DIM ? src[j * DIM + c] : 0.0f;
+#if DTYPE == 0
+        ((float*)dst)[i] = v;
+#elif DTYPE == 1
+        ((u16*)dst)[i] = f2h(v);
+#else
+        ((u16*)dst)[i] = f2bf(v);
+#endif
+    }
+}

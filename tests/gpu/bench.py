@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""H200 benchmark: Kalos recall latency from a separate client process through ctypes (the way
+users call it), next to in-process torch (`torch.topk(M @ q, 10)`, query from host memory, ids
+back on the host) on the same data, and the HBM read bandwidth, all in one run.
+
+  python3 bench.py            run everything; writes $OUT/bench.json and $OUT/gpu_bench.png
+  python3 bench.py serve ...  (internal) the server process for one table
+
+The server process opens the store (role server), loads the table through kalos_upsert and
+serves until its stdin closes. This process attaches as a client and measures.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from kalos_ct import *  # noqa
+
+OUT = os.environ.get("OUT", ".")
+SLOT_BYTES = 8 << 20
+NREQ = int(os.environ.get("BENCH_NREQ", "2000"))
+WARM = 200
+K = 10
+
+
+def data(n, dim, seed):
+    return np.random.default_rng(seed).standard_normal((n, dim), dtype=np.float32)
+
+
+def serve(name, n, dim, dtype, backend):
+    lib = load()
+    st = Store(lib, name, dim=dim, metric=IP, dtype=dtype, backend=backend, capacity=max(n, 1024), slots=4,
+               slot_bytes=SLOT_BYTES, server_spin_ns=1_000_000_000)
+    X = data(n, dim, n * 31 + dim)
+    b = max(1, (SLOT_BYTES - 4096) // (dim * 4 + 16))
+    t0 = time.time()
+    for s in range(0, n, b):
+        st.upsert(np.arange(s, min(n, s + b), dtype=np.uint64), X[s:s + b])
+    print("READY load_s=%.2f engine=%s" % (time.time() - t0, st.stats().engine_name.decode()), flush=True)
+    sys.stdin.read()
+    st.close()
+
+
+def pct(a, p):
+    return float(np.percentile(np.asarray(a), p))
+
+
+def bench_kalos(lib, n, dim, dtype, backend, batch=0):
+    name = "kbench-%d-%d" % (os.getpid(), int(time.time() * 1000) % 100000)
+    srv = subprocess.Popen([sys.executable, __file__, "serve", name, str(n), str(dim), str(dtype), str(backend)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = srv.stdout.readline()
+    if not line.startswith("READY"):
+        srv.kill()
+        raise RuntimeError("server failed: " + line)
+    try:
+        st = Store(lib, name, role=ROLE_CLIENT, client_spin_ns=1_000_000_000)
+        rng = np.random.default_rng(7)
+        Q = rng.standard_normal((NREQ + WARM, dim), dtype=np.float32)
+        X = None
+        # correctness spot check against numpy on a few queries (same data as the server)
+        X = data(n, dim, n * 31 + dim)
+        for i in range(3):
+            gi, gs = st.recall(Q[i], K)
+            s = X.astype(np.float64) @ Q[i].astype(np.float64)
+            top = np.argsort(-s)[:K]
+            rec = len(set(gi.tolist()) & set(top.tolist())) / K
+            if rec < 0.9:
+                print("WARN recall %.2f for %d x %d dtype %d" % (rec, n, dim, dtype), flush=True)
+        lat = []
+        for i in range(NREQ + WARM):
+            t0 = time.perf_counter_ns()
+            st.recall(Q[i], K)
+            t1 = time.perf_counter_ns()
+            if i >= WARM:
+                lat.append((t1 - t0) / 1000.0)
+        res = dict(p50_us=pct(lat, 50), p99_us=pct(lat, 99), mean_us=float(np.mean(lat)), n_req=len(lat),
+                   engine=st.stats().engine_name.decode(), server_p50_us=st.stats().p50_ns / 1000.0)
+        if batch:
+            Qb = rng.standard_normal((batch, dim), dtype=np.float32)
+            st.recall_batch(Qb, K)
+            ts = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                st.recall_batch(Qb, K)
+                ts.append(time.perf_counter() - t0)
+            res["batch"] = batch
+            res["batch_s_p50"] = pct(ts, 50)
+            res["batch_qps"] = batch / pct(ts, 50)
+            gb = st.recall_batch(Qb[:8], K)
+            S = X[:, :].astype(np.float32) @ Qb[:8].T
+            rec = np.mean([len(set(gb[i][0].tolist()) & set(np.argsort(-S[:, i])[:K].tolist())) / K for i in range(8)])
+            res["batch_recall10_vs_f32"] = float(rec)
+        st.close()
+        return res, X
+    finally:
+        try:
+            srv.stdin.close()
+            srv.wait(timeout=60)
+        except Exception:
+            srv.kill()
+
+
+def bench_torch(X, dtype, batch=0):
+    import torch
+    dev = torch.device("cuda")
+    tdt = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}[dtype]
+    M = torch.from_numpy(X).to(dev).to(tdt)
+    rng = np.random.default_rng(7)
+    dim = X.shape[1]
+    Q = rng.standard_normal((NREQ + WARM, dim), dtype=np.float32)
+    lat = []
+    for i in range(NREQ + WARM):
+        t0 = time.perf_counter_ns()
+        q = torch.from_numpy(Q[i]).to(dev, non_blocking=False).to(tdt)
+        v, idx = torch.topk(M @ q, K)
+        ids = idx.cpu().numpy()
+        t1 = time.perf_counter_ns()
+        if i >= WARM:
+            lat.append((t1 - t0) / 1000.0)
+    res = dict(p50_us=pct(lat, 50), p99_us=pct(lat, 99))
+    if batch:
+        Qb = rng.standard_normal((batch, dim), dtype=np.float32)
+        ts = []
+        for r in range(12):
+            t0 = time.perf_counter()
+            qb = torch.from_numpy(Qb).to(dev).to(tdt)
+            v, idx = torch.topk(qb @ M.T, K, dim=1)
+            ids = idx.cpu().numpy()
+            if r >= 2:
+                ts.append(time.perf_counter() - t0)
+        res["batch_qps"] = batch / pct(ts, 50)
+    del M
+    torch.cuda.empty_cache()
+    return res
+
+
+def hbm_bandwidth():
+    import torch
+    x = torch.empty(1 << 30, dtype=torch.float32, device="cuda").uniform_()  # 4 GiB
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    ts = []
+    for i in range(15):
+        s.record()
+        y = x.sum()
+        e.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            ts.append(s.elapsed_time(e) / 1000.0)
+    bw = x.numel() * 4 / float(np.median(ts))
+    del x
+    torch.cuda.empty_cache()
+    return bw
+
+
+def main():
+    lib = load()
+    import torch
+    gpu = torch.cuda.get_device_name(0)
+    bw = hbm_bandwidth()
+    print("GPU %s  HBM read %.2f TB/s (4 GiB sum)" % (gpu, bw / 1e12), flush=True)
+    rows = []
+    configs = [
+        # (label, n, dim, dtype, target_p50_us, batch)
+        ("10k x 128 f32", 10_000, 128, F32, 15, 0),
+        ("100k x 768 f16", 100_000, 768, F16, 60, 0),
+        ("1M x 768 f16", 1_000_000, 768, F16, 400, 1024),
+        ("1M x 768 f32", 1_000_000, 768, F32, 780, 0),
+        ("10k x 768 f16", 10_000, 768, F16, None, 0),
+        ("300k x 768 f16", 300_000, 768, F16, None, 0),
+        ("10k x 768 f32", 10_000, 768, F32, None, 0),
+        ("100k x 768 f32", 100_000, 768, F32, None, 0),
+    ]
+    only = os.environ.get("BENCH_ONLY")
+    for label, n, dim, dt, target, batch in configs:
+        if only and not any(o.strip() == label for o in only.split(",")):
+            continue
+        try:
+            kr, X = bench_kalos(lib, n, dim, dt, CUDA, batch)
+            tr = bench_torch(X, dt, batch)
+        except Exception as e:
+            print("ERROR", label, repr(e), flush=True)
+            rows.append(dict(label=label, error=repr(e)))
+            continue
+        esz = 4 if dt == F32 else 2
+        tbytes = n * dim * esz
+        row = dict(label=label, n=n, dim=dim, dtype=["f32", "f16", "bf16"][dt], target_p50_us=target,
+                   kalos=kr, torch=tr, table_bytes=tbytes,
+                   bw_fraction=(tbytes / (kr["p50_us"] * 1e-6)) / bw)
+        rows.append(row)
+        print("%-16s kalos p50 %8.1f p99 %8.1f us | torch p50 %8.1f p99 %8.1f us | %.0f%% of HBM bw | target %s | %s" % (
+            label, kr["p50_us"], kr["p99_us"], tr["p50_us"], tr["p99_us"], 100 * row["bw_fraction"], target, kr["engine"]), flush=True)
+        if batch:
+            print("%-16s batch %d: kalos %.0f q/s (recall@10 vs f32 %.3f) | torch %.0f q/s" % (
+                label, batch, kr["batch_qps"], kr.get("batch_recall10_vs_f32", -1), tr["batch_qps"]), flush=True)
+        del X
+    # CPU/GPU crossover for the cost model (small tables, dim 128, f32).
+    cross = []
+    if not only:
+        for n in (256, 2048, 16384):
+            r = {}
+            for be in (CPU, CUDA):
+                kr, X = bench_kalos(lib, n, 128, F32, be)
+                r["cpu" if be == CPU else "cuda"] = kr["p50_us"]
+            cross.append(dict(n=n, dim=128, **r))
+            print("crossover n=%6d x 128: cpu p50 %.1f us, cuda p50 %.1f us" % (n, r["cpu"], r["cuda"]), flush=True)
+    out = dict(gpu=gpu, hbm_read_Bps=bw, rows=rows, crossover=cross, time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               commit=os.environ.get("KALOS_COMMIT", "?"))
+    json.dump(out, open(os.path.join(OUT, "bench.json"), "w"), indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for dt, mk in (("f16", "o"), ("f32", "s")):
+            pts = sorted([r for r in rows if "kalos" in r and r["dim"] == 768 and r["dtype"] == dt], key=lambda r: r["n"])
+            if pts:
+                ax.plot([r["n"] for r in pts], [r["kalos"]["p50_us"] for r in pts], "-" + mk, label="Kalos %s (client process)" % dt)
+                ax.plot([r["n"] for r in pts], [r["torch"]["p50_us"] for r in pts], "--" + mk, label="torch topk(M@q) %s (in-process)" % dt)
+        for r in rows:
+            if "kalos" in r and r["dim"] == 128:
+                ax.plot([r["n"]], [r["kalos"]["p50_us"]], "^", color="k", label="Kalos 10k x 128 f32")
+                ax.plot([r["n"]], [r["torch"]["p50_us"]], "v", color="gray", label="torch 10k x 128 f32")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("table rows (dim 768 unless marked)")
+        ax.set_ylabel("p50 latency per top-10 query (us)")
+        ax.set_title("Kalos vs torch, %s, k=10" % gpu)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(OUT, "gpu_bench.png"), dpi=120)
+    except Exception as e:
+        print("plot failed:", repr(e))
+    print("\n%-16s %10s %10s %10s %10s %7s %8s" % ("table", "kalos p50", "kalos p99", "torch p50", "torch p99", "bw%", "target"))
+    for r in rows:
+        if "kalos" in r:
+            print("%-16s %10.1f %10.1f %10.1f %10.1f %6.0f%% %8s" % (r["label"], r["kalos"]["p50_us"], r["kalos"]["p99_us"],
+                  r["torch"]["p50_us"], r["torch"]["p99_us"], 100 * r["bw_fraction"], r["target_p50_us"]))
+        else:
+            print("%-16s ERROR %s" % (r["label"], r.get("error")))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    else:
+        main()

@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""GPU correctness suite: the CUDA engine (through libkalos.so's C API) against a float64 numpy
+reference on fresh random data. Every metric; k in {1, 10, 100, 1024}; tables from 1 to 2M rows;
+exact ties; deletes and upserts between queries; namespace filters; expiry; recency; batches;
+f16/bf16 recall bars; GPU out-of-memory; injected faults -> CPU fallback; auto engine choice.
+
+Writes a JSON log to $OUT/correctness.json (or ./correctness.json) and prints PASS/FAIL lines.
+Exit status 1 if any check failed.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kalos_ct import *  # noqa
+
+OUT = os.environ.get("OUT", ".")
+lib = load()
+LOG = []
+FAILS = 0
+SEED = int(os.environ.get("SEED", str(int(time.time()) & 0xFFFF)))
+rng = np.random.default_rng(SEED)
+uniq = [0]
+
+
+def name():
+    uniq[0] += 1
+    return "gpucheck-%d-%d" % (os.getpid(), uniq[0])
+
+
+def record(test, ok, **kw):
+    global FAILS
+    if not ok:
+        FAILS += 1
+    kw.update(test=test, ok=bool(ok))
+    LOG.append(kw)
+    if not ok:
+        print("FAIL", test, json.dumps({k: v for k, v in kw.items() if k not in ("test", "ok")}, default=str)[:1500], flush=True)
+
+
+class Ref:
+    """The table as the client knows it, with a float64 reference search."""
+
+    def __init__(self, dim, metric):
+        self.dim, self.metric = dim, metric
+        self.ids = np.zeros(0, np.uint64)
+        self.X = np.zeros((0, dim), np.float32)
+        self.ns = np.zeros(0, np.uint64)
+        self.created = np.zeros(0, np.float64)
+
+    def upsert(self, ids, X, ns=None, t=0.0):
+        ns = np.zeros(len(ids), np.uint64) if ns is None else np.asarray(ns, np.uint64)
+        pos = {int(i): j for j, i in enumerate(self.ids)}
+        keep = np.ones(len(self.ids), bool)
+        for i in ids:
+            j = pos.get(int(i))
+            if j is not None:
+                keep[j] = False
+        self.ids = np.concatenate([self.ids[keep], np.asarray(ids, np.uint64)])
+        self.X = np.concatenate([self.X[keep], X.astype(np.float32)])
+        self.ns = np.concatenate([self.ns[keep], ns])
+        self.created = np.concatenate([self.created[keep], np.full(len(ids), t)])
+
+    def delete(self, ids):
+        keep = ~np.isin(self.ids, np.asarray(ids, np.uint64))
+        self.ids, self.X, self.ns, self.created = self.ids[keep], self.X[keep], self.ns[keep], self.created[keep]
+
+    def scores(self, q, X=None):
+        X = self.X if X is None else X
+        Xd = X.astype(np.float64)
+        qd = q.astype(np.float64)
+        if self.metric == IP:
+            return Xd @ qd
+        if self.metric == COSINE:
+            return (Xd @ qd) / (np.linalg.norm(Xd, axis=1) * np.linalg.norm(qd))
+        return ((Xd - qd) ** 2).sum(1)
+
+    def tol(self, q):
+        xm = float(np.sqrt((self.X.astype(np.float64) ** 2).sum(1).max())) if len(self.X) else 1.0
+        qm = float(np.linalg.norm(q))
+        d = self.dim
+        if self.metric == IP:
+            return 4e-7 * np.sqrt(d) * xm * qm + 1e-7
+        if self.metric == COSINE:
+            return 4e-7 * np.sqrt(d) + 1e-7
+        return 2e-6 * (xm * xm + qm * qm) + 1e-6
+
+
+def check(test, ref, q, got, k, mask=None, s=None, tol=None, exact_order=True, **extra):
+    gids, gsc = got
+    if s is None:
+        s = ref.scores(q)
+    ids = ref.ids
+    if mask is not None:
+        s, ids = s[mask], ids[mask]
+    tol = ref.tol(q) if tol is None else tol
+    key = -s if ref.metric == L2 else s
+    kk = min(k, len(ids))
+    detail = dict(k=k, n=len(ref.ids), valid=len(ids), got=len(gids), **extra)
+    if len(gids) != kk:
+        record(test, False, why="count", **detail)
+        return 0.0
+    if kk == 0:
+        record(test, True, **detail)
+        return 1.0
+    order = np.lexsort((ids, -key))
+    topk = order[:kk]
+    kth = key[topk[-1]]
+    srt = np.argsort(ids)
+    loc = np.searchsorted(ids[srt], gids)
+    loc = np.minimum(loc, len(ids) - 1)
+    found = ids[srt][loc] == gids
+    if not found.all():
+        record(test, False, why="returned id not in the allowed set", bad=gids[~found][:5].tolist(), **detail)
+        return 0.0
+    gkey = key[srt][loc]
+    gref = s[srt][loc]
+    err = float(np.abs(gref - gsc.astype(np.float64)).max())
+    must = set(ids[key > kth + tol].tolist())
+    gotset = set(gids.tolist())
+    recall = len(gotset & set(ids[topk].tolist())) / kk
+    ok = True
+    why = []
+    if (gkey < kth - tol).any():
+        ok = False
+        why.append("returned a row below the k-th score")
+    if not must.issubset(gotset):
+        ok = False
+        why.append("missed %d rows clearly above the k-th score" % len(must - gotset))
+    if err > tol:
+        ok = False
+        why.append("score error %.3g > tol %.3g" % (err, tol))
+    if len(set(gids.tolist())) != len(gids):
+        ok = False
+        why.append("duplicate ids")
+    gk = -gsc if ref.metric == L2 else gsc
+    if exact_order:
+        bad = (gk[1:] > gk[:-1]) | ((gk[1:] == gk[:-1]) & (gids[1:] < gids[:-1]))
+        if bad.any():
+            ok = False
+            why.append("not sorted best first / ties by lower id")
+    record(test, ok, why=";".join(why), recall=recall, max_err=err, tol=tol, **detail)
+    return recall
+
+
+BACKEND = int(os.environ.get("GPUCHECK_BACKEND", str(CUDA)))  # 1 = CPU: runs the checks here, without a GPU
+
+
+def open_store(dim, metric, dtype=F32, backend=BACKEND, capacity=1 << 22, **kw):
+    return Store(lib, name(), dim=dim, metric=metric, dtype=dtype, backend=backend, capacity=capacity, **kw)
+
+
+def load_rows(st, ref, ids, X, ns=None, batch=None):
+    batch = batch or max(1, (3 << 20) // (X.shape[1] * 4 + 16))
+    for s in range(0, len(ids), batch):
+        st.upsert(ids[s:s + batch], X[s:s + batch], None if ns is None else ns[s:s + batch])
+    ref.upsert(ids, X, ns, t=time.time() * 1000)
+
+
+def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2):
+    tag = "exact/%s/n=%d/d=%d" % (["ip", "cos", "l2"][metric], n, dim)
+    t0 = time.time()
+    st = open_store(dim, metric)
+    ref = Ref(dim, metric)
+    X = rng.standard_normal((n, dim)).astype(np.float32)
+    ids = rng.permutation(np.arange(1, 4 * n + 1, dtype=np.uint64))[:n]
+    ns = rng.integers(0, 1000, n).astype(np.uint64)
+    load_rows(st, ref, ids, X, ns)
+    sinfo = st.stats()
+    record(tag + "/engine", sinfo.engine == BACKEND, engine=sinfo.engine_name.decode())
+
+    def queries():
+        qs = [rng.standard_normal(dim).astype(np.float32) for _ in range(nqueries)]
+        if len(ref.X):
+            qs.append(ref.X[rng.integers(0, len(ref.X))].copy())  # a stored row: exact self match
+        return qs
+
+    def round_(phase):
+        for q in queries():
+            s = ref.scores(q)
+            for k in ks:
+                check("%s/%s/single/k=%d" % (tag, phase, k), ref, q, st.recall(q, k), k, s=s)
+            # namespace filters: one namespace (0.1% of rows), and 64 namespaces
+            one = [int(ref.ns[0])] if len(ref.ns) else [1]
+            check("%s/%s/ns1/k=10" % (tag, phase), ref, q, st.recall(q, 10, namespaces=one), 10,
+                  mask=np.isin(ref.ns, one), s=s)
+            many = list(range(100, 164))
+            check("%s/%s/ns64/k=100" % (tag, phase), ref, q, st.recall(q, 100, namespaces=many), 100,
+                  mask=np.isin(ref.ns, many), s=s)
+        nq = 33
+        Q = rng.standard_normal((nq, dim)).astype(np.float32)
+        for k in (10, 1024 if n <= 300_000 else 100):
+            res = st.recall_batch(Q, k)
+            for i in range(0, nq, 8):
+                check("%s/%s/batch/k=%d" % (tag, phase, k), ref, Q[i], res[i], k)
+
+    round_("fresh")
+    if mutate and n >= 2:
+        # delete 10%, replace 5%, add 5% new
+        dele = rng.choice(ref.ids, size=max(1, len(ref.ids) // 10), replace=False)
+        st.delete(dele)
+        ref.delete(dele)
+        rep = rng.choice(ref.ids, size=max(1, len(ref.ids) // 20), replace=False)
+        Xr = rng.standard_normal((len(rep), dim)).astype(np.float32)
+        newi = np.arange(10 * n + 1, 10 * n + 1 + max(1, n // 20), dtype=np.uint64)
+        Xn = rng.standard_normal((len(newi), dim)).astype(np.float32)
+        load_rows(st, ref, rep, Xr, rng.integers(0, 1000, len(rep)).astype(np.uint64))
+        load_rows(st, ref, newi, Xn, rng.integers(0, 1000, len(newi)).astype(np.uint64))
+        round_("mutated")
+    st.close()
+    LOG.append(dict(test=tag + "/time", ok=True, seconds=time.time() - t0))
+
+
+def suite_ties(n=200_000, dim=64, dups=3000):
+    tag = "ties/cos/n=%d" % n
+    st = open_store(dim, COSINE)
+    ref = Ref(dim, COSINE)
+    X = rng.standard_normal((n, dim)).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64) * 7
+    load_rows(st, ref, ids, X)
+    v = rng.standard_normal(dim).astype(np.float32)
+    dup_ids = rng.permutation(np.arange(10_000_000, 10_000_000 + 3 * dups, dtype=np.uint64))[:dups]
+    load_rows(st, ref, dup_ids, np.tile(v, (dups, 1)))
+    want = np.sort(dup_ids)
+    for k in (1, 10, 100, 1024):
+        gi, gs = st.recall(v, k)
+        ok = len(gi) == k and (gi == want[:k]).all() and (gs == gs[0]).all()
+        record("%s/single/k=%d" % (tag, k), ok, first=gi[:5].tolist(), want=want[:5].tolist())
+        res = st.recall_batch(np.stack([v, v]), k)
+        ok = all(len(r[0]) == k and (r[0] == want[:k]).all() for r in res)
+        record("%s/batch/k=%d" % (tag, k), ok, first=res[0][0][:5].tolist())
+    # delete the lowest duplicates: the next ones must take their place
+    st.delete(want[:50])
+    gi, _ = st.recall(v, 100)
+    record(tag + "/after-delete", (gi == want[50:150]).all(), first=gi[:5].tolist(), want=want[50:55].tolist())
+    st.close()
+
+
+def suite_expiry_recency(dim=32):
+    tag = "lifecycle"
+    st = open_store(dim, COSINE)
+    ref = Ref(dim, COSINE)
+    X = rng.standard_normal((20_000, dim)).astype(np.float32)
+    ids = np.arange(1, 20_001, dtype=np.uint64)
+    load_rows(st, ref, ids, X)
+    q = rng.standard_normal(dim).astype(np.float32)
+    near = q[None, :] + 0.01 * rng.standard_normal((100, dim)).astype(np.float32)
+    eids = np.arange(900_001, 900_101, dtype=np.uint64)
+    st.upsert(eids, near, ttl_ms=300)
+    gi, _ = st.recall(q, 10)
+    record(tag + "/ttl-before-expiry", np.isin(gi, eids).all(), got=gi[:5].tolist())
+    time.sleep(0.6)
+    gi, _ = st.recall(q, 10)
+    record(tag + "/ttl-after-expiry", not np.isin(gi, eids).any(), got=gi[:5].tolist())
+    check(tag + "/ttl-after-expiry-exact", ref, q, (gi, st.recall(q, 10)[1]), 10)
+    # recency: a second batch 2 s later; half-life 50 s, w = 0.9. Creation times are stamped by
+    # the server; the reference uses the midpoint of each upsert call (error ~1 ms).
+    def stamped(idsx, Xx):
+        for s in range(0, len(idsx), 1000):
+            a = time.time() * 1000
+            st.upsert(idsx[s:s + 1000], Xx[s:s + 1000])
+            b = time.time() * 1000
+            ref.upsert(idsx[s:s + 1000], Xx[s:s + 1000], t=(a + b) / 2)
+    stamped(ids, X)
+    time.sleep(2.0)
+    Y = rng.standard_normal((20_000, dim)).astype(np.float32)
+    yids = np.arange(100_001, 120_001, dtype=np.uint64)
+    stamped(yids, Y)
+    w, hl = 0.9, 50000.0
+    for k in (10, 100):
+        qq = rng.standard_normal(dim).astype(np.float32)
+        s = ref.scores(qq)
+        now = time.time() * 1000
+        boost = np.exp2(-np.maximum(0, now - ref.created) / hl)
+        sr = (1 - w) * s + w * boost
+        got = st.recall(qq, k, recency=(w, hl))
+        check("%s/recency/k=%d" % (tag, k), ref, qq, got, k, s=sr, tol=2e-3, exact_order=True)
+        got = st.recall_batch(np.stack([qq, qq]), k, recency=(w, hl))[1]
+        check("%s/recency-batch/k=%d" % (tag, k), ref, qq, got, k, s=sr, tol=2e-3)
+    st.close()
+
+
+def suite_lowp(dtype, n=200_000, dim=768, nq=100):
+    tag = "lowp/%s/n=%d/d=%d" % (["f32", "f16", "bf16"][dtype], n, dim)
+    st = open_store(dim, COSINE, dtype=dtype)
+    ref = Ref(dim, COSINE)
+    X = rng.standard_normal((n, dim)).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    load_rows(st, ref, ids, X)
+    Xn = ref.X.astype(np.float64)
+    Xn /= np.linalg.norm(Xn, axis=1, keepdims=True)
+    out = {}
+    for kind in ("random", "near-row"):
+        rec, errs, brec = [], [], []
+        Q = rng.standard_normal((nq, dim)).astype(np.float32)
+        if kind == "near-row":
+            Q = ref.X[rng.integers(0, n, nq)] + 0.8 * rng.standard_normal((nq, dim)).astype(np.float32)
+        S = (Xn @ (Q.astype(np.float64) / np.linalg.norm(Q, axis=1, keepdims=True)).T).T
+        bres = st.recall_batch(Q, 10)
+        for i in range(nq):
+            top = np.argsort(-S[i], kind="stable")[:10]
+            gi, gs = st.recall(Q[i], 10)
+            rec.append(len(set(gi.tolist()) & set(ids[top].tolist())) / 10)
+            errs.append(float(np.abs(S[i][gi.astype(np.int64) - 1] - gs).max()))
+            brec.append(len(set(bres[i][0].tolist()) & set(ids[top].tolist())) / 10)
+        out[kind] = dict(recall10=float(np.mean(rec)), batch_recall10=float(np.mean(brec)), max_score_err=float(np.max(errs)),
+                         p99_score_err=float(np.quantile(errs, 0.99)))
+    tol = {F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}[dtype]
+    ok = all(v["recall10"] >= 0.99 and v["batch_recall10"] >= 0.99 and v["max_score_err"] <= tol for v in out.values())
+    record(tag, ok, tol=tol, **out)
+    print("INFO", tag, json.dumps(out), flush=True)
+    st.close()
+    return out
+
+
+def suite_oom():
+    dim = 128
+    st = open_store(dim, IP, gpu_memory_bytes=4 << 20)
+    X = rng.standard_normal((20_000, dim)).astype(np.float32)
+    last_ok = 0
+    status = None
+    for s in range(0, 20_000, 1000):
+        try:
+            st.upsert(np.arange(s + 1, s + 1001, dtype=np.uint64), X[s:s + 1000])
+            last_ok = s + 1000
+        except KalosError as e:
+            status = e.status
+            break
+    cnt = st.stats().count
+    gi, _ = st.recall(X[0], 5)
+    record("oom/store-full", status == STORE_FULL and cnt == last_ok and st.stats().engine == CUDA and len(gi) == 5,
+           status=status, count=cnt, loaded=last_ok)
+    st.close()
+
+
+def suite_fault_and_auto():
+    # Injected CUDA fault: the request still succeeds (CPU fallback) and stats say so.
+    code = r'''
+import os, sys, numpy as np
+sys.path.insert(0, %r)
+from kalos_ct import *
+lib = load()
+st = Store(lib, "gpufault-%%d" %% os.getpid(), dim=16, metric=IP, backend=CUDA)
+X = np.random.default_rng(1).standard_normal((5000, 16)).astype(np.float32)
+st.upsert(np.arange(1, 5001, dtype=np.uint64), X)
+a = st.recall(X[3], 5)
+b = st.recall(X[3], 5)
+s = st.stats()
+print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]))
+st.close()
+''' % os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, KALOS_CUDA_FAULT_AFTER="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+    ok = bool(line) and line[0].split()[1] == "1" and line[0].split()[2] == "1" and line[0].split()[4] == line[0].split()[5]
+    record("fault/cpu-fallback", ok, out=r.stdout[-500:], err=r.stderr[-800:])
+    # Auto: tiny table answered on the CPU, large on the GPU; KALOS_BACKEND=cpu forces the CPU.
+    st = open_store(64, IP, backend=AUTO)
+    X = rng.standard_normal((100, 64)).astype(np.float32)
+    st.upsert(np.arange(1, 101, dtype=np.uint64), X)
+    st.recall(X[0], 5)
+    n1 = st.stats().engine_name.decode()
+    Y = rng.standard_normal((50_000, 64)).astype(np.float32)
+    for s in range(0, 50_000, 10_000):
+        st.upsert(np.arange(1000 + s, 1000 + s + 10_000, dtype=np.uint64), Y[s:s + 10_000])
+    st.recall(X[0], 5)
+    n2 = st.stats().engine_name.decode()
+    record("auto/cost-model", "last:cpu" in n1 and "last:gpu" in n2, small=n1, large=n2)
+    st.close()
+    code2 = code.replace("backend=CUDA", "backend=AUTO")
+    env = dict(os.environ, KALOS_BACKEND="cpu")
+    env.pop("KALOS_CUDA_FAULT_AFTER", None)
+    r = subprocess.run([sys.executable, "-c", code2], env=env, capture_output=True, text=True, timeout=120)
+    line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+    record("env/KALOS_BACKEND=cpu", bool(line) and line[0].split()[1] == "1", out=r.stdout[-300:], err=r.stderr[-300:])
+
+
+def main():
+    which = sys.argv[1:] or ["all"]
+    t0 = time.time()
+    print("seed", SEED, flush=True)
+    steps = [
+        ("small", lambda: [suite_exact(IP, 1, 128), suite_exact(IP, 5, 3), suite_exact(L2, 1000, 100),
+                           suite_exact(COSINE, 1000, 768, nqueries=1)]),
+        ("mid", lambda: [suite_exact(IP, 65_537, 128), suite_exact(COSINE, 300_000, 96, nqueries=1),
+                         suite_exact(L2, 300_000, 64, nqueries=1)]),
+        ("big", lambda: [suite_exact(COSINE, 2_000_000, 64, ks=(1, 10, 100, 1024), nqueries=1)]),
+        ("ties", suite_ties),
+        ("lifecycle", suite_expiry_recency),
+        ("lowp", lambda: [suite_lowp(F16), suite_lowp(BF16), suite_lowp(F32, n=100_000)]),
+        ("oom", suite_oom),
+        ("fault", suite_fault_and_auto),
+    ]
+    for nm, fn in steps:
+        if "all" in which or nm in which:
+            ts = time.time()
+            try:
+                fn()
+            except Exception as e:  # a crash of one suite is a failure, the rest still run
+                import traceback
+                record("suite/" + nm, False, error=repr(e), tb=traceback.format_exc()[-1500:])
+            print("suite %-9s %6.1fs  failures so far %d" % (nm, time.time() - ts, FAILS), flush=True)
+    n_ok = sum(1 for r in LOG if r.get("ok"))
+    json.dump(dict(seed=SEED, failures=FAILS, checks=len(LOG), log=LOG), open(os.path.join(OUT, "correctness.json"), "w"), default=str)
+    print("CORRECTNESS: %d checks, %d failures, %.0fs (seed %d)" % (len(LOG), FAILS, time.time() - t0, SEED), flush=True)
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

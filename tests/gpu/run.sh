@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark in one call, for the H200 machine (see docs/GPU.md).
+# Expects, next to this script: libkalos.so (release build), kalos_ct.py, correctness.py,
+# bench.py, and optionally c_harness (the multi-process C harness from tests/c/).
+# Usage: bash run.sh [correctness|bench|harness]...   (default: all). Logs go to $OUT.
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
+export PYTHONUNBUFFERED=1
+export KALOS_LIB="$HERE/libkalos.so"
+export KALOS_CUDA_REPORT=1
+WHAT="${*:-correctness bench harness}"
+cd "$HERE"
+{
+  date -u; uname -a
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  df -h /dev/shm | tail -1; nproc; python3 -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)'
+  ldconfig -p | grep -E 'libnvrtc|libcublas\.|libcuda\.' | head -5
+} > "$OUT/env.txt" 2>&1
+head -3 "$OUT/env.txt"
+RC=0
+C_RES="not run"; B_RES="not run"; H_RES="not run"
+if [[ " $WHAT " == *" correctness "* ]]; then
+  timeout ${T_CORR:-300} python3 correctness.py ${CORRECTNESS_SUITES:-} > "$OUT/correctness.log" 2>&1; r=$?
+  grep -E "^(FAIL|INFO|suite|CORRECTNESS)" "$OUT/correctness.log" | cut -c1-400 | tail -40
+  C_RES="$(grep '^CORRECTNESS' "$OUT/correctness.log" || echo "crashed/timed out rc=$r")"; [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" bench "* ]]; then
+  timeout ${T_BENCH:-240} python3 bench.py > "$OUT/bench.log" 2>&1; r=$?
+  grep -vE "^(READY)" "$OUT/bench.log" | grep -v "round trips" | tail -22; grep "round trips" "$OUT/bench.log" | cut -c1-200 | head -12
+  B_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" harness "* ]]; then
+  if [ -x ./c_harness ]; then
+    # auto: every server that can use the GPU does (forked children of a process that already
+    # initialised CUDA cannot: CUDA does not survive fork, they fall back to the CPU engine).
+    KALOS_BACKEND=auto timeout ${T_HARNESS:-45} ./c_harness > "$OUT/harness.log" 2>&1; r=$?
+    echo "-- KALOS_BACKEND=cuda --" >> "$OUT/harness.log"
+    KALOS_BACKEND=cuda timeout ${T_HARNESS:-45} ./c_harness >> "$OUT/harness.log" 2>&1; r2=$?
+    grep -E "FAIL|passed" "$OUT/harness.log" | tail -8; H_RES="auto rc=$r, cuda rc=$r2"; [ $r -ne 0 ] && RC=1
+  else
+    H_RES="no tests/c harness binary shipped"
+  fi
+fi
+echo "== summary =="
+echo "correctness: $C_RES"
+echo "bench:       $B_RES"
+echo "C harness:   $H_RES"
+exit $RC
