@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test of the repository (what CI runs). Each suite runs even when an earlier one
+# Runs every test of the repository (what CI runs). The NVRTC kernel compile check is part of
+# the rust suite (tests/nvrtc_compile.rs). Each suite runs even when an earlier one
 # failed; the script exits non-zero if any failed and prints a summary table last.
 #   scripts/test.sh            all suites
 #   scripts/test.sh rust c     only the named suites
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-ALL=(rust c python go java nvrtc)
+ALL=(rust c python go java)
 SUITES=("${@:-${ALL[@]}}")
 declare -A RESULT
 declare -A SECS
@@ -28,7 +29,6 @@ suite_c() { build && tests/c/run.sh; }
 suite_python() { build && bindings/python/ci.sh; }
 suite_go() { build && bindings/go/ci.sh; }
 suite_java() { build && bindings/java/ci.sh; }
-suite_nvrtc() { tests/gpu/nvrtc_compile_check.sh; }
 
 for s in "${SUITES[@]}"; do
   run_suite "$s" "suite_$s"
