@@ -17,6 +17,9 @@ fn main() {
     let nq: usize = arg(&v, "--queries").and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let k: usize = arg(&v, "--k").and_then(|s| s.parse().ok()).unwrap_or(10);
     let spin: u64 = arg(&v, "--spin-us").and_then(|s| s.parse().ok()).unwrap_or(50);
+    // Pause between timed requests (ms): 0 measures back-to-back requests; a pause longer than
+    // the server's spin window measures a request that has to wake a parked server.
+    let gap_ms: u64 = arg(&v, "--gap-ms").and_then(|s| s.parse().ok()).unwrap_or(0);
     let opts = Options { role: Role::Client, client_spin_ns: spin * 1000, ..Options::default() };
     let c = Kalos::open(&name, &opts).unwrap_or_else(|e| {
         eprintln!("recall_client: cannot attach to {name:?}: {e}");
@@ -63,6 +66,9 @@ fn main() {
     }
     let mut lat = Vec::with_capacity(nq);
     for i in 0..nq {
+        if gap_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(gap_ms));
+        }
         let t = Instant::now();
         c.recall_into(&queries[i % queries.len()], k, &ro, &mut ids, &mut scores).expect("recall");
         lat.push(t.elapsed().as_nanos() as u64);
@@ -70,7 +76,7 @@ fn main() {
     lat.sort_unstable();
     let p = |x: f64| lat[((lat.len() - 1) as f64 * x) as usize] as f64 / 1e3;
     println!(
-        "\n{nq} recalls, k={k}, from a separate process: p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
+        "\n{nq} recalls, k={k}, gap {gap_ms} ms, from a separate process: p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
         p(0.5),
         p(0.99),
         p(0.999),

@@ -26,6 +26,8 @@ use crate::store::{Store, UpsertItem, NEVER};
 use crate::types::*;
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// Busy-poll without yielding for this long after a request (see `run`).
+const HOT_SPIN: Duration = Duration::from_micros(20);
 const LATENCY_RING: usize = 4096;
 
 /// Owned by the handle that started the server; `stop` ends the thread and removes the name.
@@ -236,6 +238,8 @@ pub(crate) struct Server {
     free_bufs: Vec<Vec<u8>>,
     resp: Writer,
     search_out: Vec<Vec<Hit>>,
+    /// Set when a publish woke a sleeping client: the next idle poll yields the CPU at once.
+    woke_client: std::cell::Cell<bool>,
     latencies: Vec<u64>,
     lat_pos: usize,
     requests: u64,
@@ -264,6 +268,7 @@ impl Server {
             free_bufs: Vec::new(),
             resp: Writer::new(),
             search_out: Vec::new(),
+            woke_client: std::cell::Cell::new(false),
             latencies: Vec::with_capacity(LATENCY_RING),
             lat_pos: 0,
             requests: 0,
@@ -308,8 +313,18 @@ impl Server {
                 self.housekeeping();
                 last_house = Instant::now();
             }
-            if last_work.elapsed() < spin {
-                std::hint::spin_loop();
+            let idle = last_work.elapsed();
+            if idle < spin {
+                // Pure spin for the first microseconds after a request; then keep polling but
+                // yield between polls. The scheduler often places a client we just woke on our
+                // CPU (wake-affine); a server that spins without yielding would hold that CPU for
+                // its whole spin window while the client waits to read its answer.
+                if idle < HOT_SPIN && !self.woke_client.get() {
+                    std::hint::spin_loop();
+                } else {
+                    self.woke_client.set(false);
+                    std::thread::yield_now();
+                }
                 continue;
             }
             // Park: announce, re-check (a client that missed the flag submitted before we
@@ -462,6 +477,7 @@ impl Server {
         }
         if slot.waiting.swap(0, Ordering::SeqCst) != 0 {
             futex::wake(shm::low_word(&slot.state), i32::MAX);
+            self.woke_client.set(true);
         }
     }
 
