@@ -899,7 +899,10 @@ impl Persist {
         }
         let gen = l.snaps.last().copied().unwrap_or(0);
         rec.generation = gen;
-        if l.snaps.is_empty() {
+        // No snapshot and no wal-0 but a later log: that log's snapshot is gone. (No snapshot
+        // WITH wal-0 is the state of a crash during the first background snapshot: the chain
+        // wal-0, wal-1, ... replays below.)
+        if l.snaps.is_empty() && !l.wals.contains(&0) {
             if let Some(&g) = l.wals.iter().find(|&&g| g > 0) {
                 return Err(Error::new(
                     Status::Corrupt,

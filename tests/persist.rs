@@ -434,6 +434,48 @@ fn damaged_headers_fail_open_and_repair_reads_past_them() {
     }
 }
 
+/// A crash while the FIRST background snapshot is written (no earlier snapshot): wal-0 and wal-1
+/// must replay as one chain. (Found by tests/crash.rs: recovery used to call this Corrupt.)
+#[test]
+fn crash_during_first_background_snapshot_replays_wal0_and_wal1() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dim = 5;
+    let dir = tmpdir("bg-first");
+    let (mut p, _, mut s) = open(&dir, dim, Metric::InnerProduct).unwrap();
+    let mut model = Model::new();
+    for _ in 0..40 {
+        let op = random_op(&mut rng, &model, dim, 100);
+        apply(&op, &mut model, &mut p, &mut s);
+    }
+    let wal0 = std::fs::read(dir.join("wal-0000000000000000.wal")).unwrap();
+    p.start_snapshot(&s).unwrap(); // generation 1, written by a thread
+    for _ in 0..40 {
+        let op = random_op(&mut rng, &model, dim, 100);
+        apply(&op, &mut model, &mut p, &mut s);
+    }
+    while p.snapshot_in_progress() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(p);
+    // Recreate the state of a crash before the rename: wal-0 still there, no snap-1, a temp file.
+    let crashed = tmpdir("bg-first-crash");
+    copy_dir(&dir, &crashed);
+    for e in std::fs::read_dir(&crashed).unwrap() {
+        let n = e.unwrap().file_name().to_string_lossy().to_string();
+        if n.starts_with("snap-") {
+            std::fs::remove_file(crashed.join(n)).unwrap();
+        }
+    }
+    std::fs::write(crashed.join("wal-0000000000000000.wal"), &wal0).unwrap();
+    std::fs::write(crashed.join("snap-0000000000000001.snap.tmp"), b"half").unwrap();
+    let (_p2, r, s2) = open(&crashed, dim, Metric::InnerProduct).unwrap();
+    assert_eq!(r.generation, 0, "{r:?}");
+    assert_matches(&s2, &model, "crash during the first background snapshot");
+    for d in [&dir, &crashed] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 /// Crash states of a background snapshot: before its rename (the log chain old-snapshot + two
 /// logs must replay), and after the rename but before the clean-up (the new snapshot wins and the
 /// old generation is deleted).
