@@ -217,6 +217,17 @@ struct Pending {
     req: Vec<u8>,
 }
 
+impl Pending {
+    /// The request's op code (0, an unknown op, when the request is shorter than one).
+    fn op(&self) -> u32 {
+        self.req.get(..4).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
+    }
+    /// The request body after the op code.
+    fn body(&self) -> &[u8] {
+        self.req.get(4..).unwrap_or(&[])
+    }
+}
+
 struct RecallJob {
     idx: usize, // index into batch
     k: usize,
@@ -230,7 +241,6 @@ pub(crate) struct Server {
     opts: Options,
     store: Store,
     engine: Box<dyn Engine>,
-    cpu_fallback: Option<Box<dyn Engine>>,
     persist: Option<Persist>,
     dim: usize,
     metric: Metric,
@@ -260,7 +270,6 @@ impl Server {
             opts,
             store,
             engine,
-            cpu_fallback: None,
             persist,
             dim,
             metric,
@@ -379,10 +388,9 @@ impl Server {
         // 1. Writes, in slot order; one log commit for all of them.
         let mut wrote = Vec::new();
         for (i, p) in batch.iter().enumerate() {
-            let op = if p.req.len() >= 4 { u32::from_le_bytes(p.req[..4].try_into().unwrap()) } else { 0 };
-            match op {
-                OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR => {
-                    let r = self.do_write(op, &p.req[4..]);
+            match p.op() {
+                op @ (OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR) => {
+                    let r = self.do_write(op, p.body());
                     if r.is_ok() {
                         wrote.push(i);
                     }
@@ -408,12 +416,10 @@ impl Server {
         self.do_recalls(&batch, &mut results);
         for (i, p) in batch.iter().enumerate() {
             if results[i].is_none() {
-                let op = if p.req.len() >= 4 { u32::from_le_bytes(p.req[..4].try_into().unwrap()) } else { 0 };
-                let body = if p.req.len() >= 4 { &p.req[4..] } else { &[][..] };
-                let r = match op {
-                    OP_GET => self.do_get(body),
+                let r = match p.op() {
+                    OP_GET => self.do_get(p.body()),
                     OP_STATS => self.do_stats(),
-                    _ => Err(Error::new(Status::InvalidArgument, format!("unknown request op {op}"))),
+                    op => Err(Error::new(Status::InvalidArgument, format!("unknown request op {op}"))),
                 };
                 results[i] = Some(encode_result(r));
             }
@@ -428,7 +434,7 @@ impl Server {
             }
             // The p50/p99 in stats describe recalls (what clients wait on); writes and stats
             // requests would otherwise dominate after a bulk load.
-            if p.req.len() >= 4 && u32::from_le_bytes(p.req[..4].try_into().unwrap()) == OP_RECALL {
+            if p.op() == OP_RECALL {
                 self.record_latency(elapsed);
             }
             self.publish(p.slot, p.word, st, &body);
@@ -517,7 +523,6 @@ impl Server {
             let _ = cpu.sync(&self.store, &[]);
             self.engine = cpu;
         }
-        let _ = &self.cpu_fallback;
     }
 
     fn housekeeping(&mut self) {
@@ -533,11 +538,7 @@ impl Server {
             }
             let pid = shm::pid_of(w);
             let ticks = slot.client_start_ticks.load(Ordering::Relaxed);
-            let alive = match shm::process_start_ticks(pid) {
-                None => false,
-                Some(t) => ticks == 0 || t == ticks,
-            };
-            if !alive && slot.state.compare_exchange(w, shm::pack(0, shm::gen_of(w), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if !shm::process_alive(pid, ticks) && slot.state.compare_exchange(w, shm::pack(0, shm::gen_of(w), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 slot.client_start_ticks.store(0, Ordering::Relaxed);
             }
         }
@@ -720,11 +721,11 @@ impl Server {
         let mut groups: Vec<Group> = Vec::new();
         let mut keymap: HashMap<(Option<Vec<u64>>, u32, u64), usize> = HashMap::new();
         for (i, p) in batch.iter().enumerate() {
-            if p.req.len() < 4 || u32::from_le_bytes(p.req[..4].try_into().unwrap()) != OP_RECALL {
+            if p.op() != OP_RECALL {
                 continue;
             }
             let parsed = (|| -> Result<(usize, usize, u32, Filter, Option<Recency>, Vec<f32>)> {
-                let mut r = Reader::new(&p.req[4..]);
+                let mut r = Reader::new(p.body());
                 let k = r.u32("k")? as usize;
                 check_k(k)?;
                 let nq = r.u32("nq")? as usize;
@@ -808,32 +809,25 @@ impl Server {
                         let w = &mut self.resp;
                         w.clear();
                         let hits = &out[job.q_off..job.q_off + job.nq];
+                        // Each query's first k hits (the group ran with its largest k), in order.
+                        let kept = || hits.iter().flat_map(|h| &h[..h.len().min(job.k)]);
                         for h in hits {
                             w.u32(h.len().min(job.k) as u32);
                         }
-                        for h in hits {
-                            for x in &h[..h.len().min(job.k)] {
-                                w.u64(x.id);
-                            }
+                        for x in kept() {
+                            w.u64(x.id);
                         }
-                        for h in hits {
-                            for x in &h[..h.len().min(job.k)] {
-                                w.f32(x.score);
-                            }
+                        for x in kept() {
+                            w.f32(x.score);
                         }
                         if job.flags & FLAG_PAYLOADS != 0 {
-                            for h in hits {
-                                for x in &h[..h.len().min(job.k)] {
-                                    let p = self.store.row_of(x.id).and_then(|row| self.store.payload_at(row));
-                                    w.u32(p.map_or(NONE_U32, |b| b.len() as u32));
-                                }
+                            let payloads: Vec<Option<&[u8]>> =
+                                kept().map(|x| self.store.row_of(x.id).and_then(|row| self.store.payload_at(row))).collect();
+                            for p in &payloads {
+                                w.u32(p.map_or(NONE_U32, |b| b.len() as u32));
                             }
-                            for h in hits {
-                                for x in &h[..h.len().min(job.k)] {
-                                    if let Some(b) = self.store.row_of(x.id).and_then(|row| self.store.payload_at(row)) {
-                                        w.bytes(b);
-                                    }
-                                }
+                            for b in payloads.iter().flatten() {
+                                w.bytes(b);
                             }
                         }
                         (Status::Ok, w.buf.clone())

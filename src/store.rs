@@ -263,14 +263,7 @@ impl Store {
     /// names it. Duplicate ids in the list are deleted once. Returns the number deleted.
     pub fn delete(&mut self, ids: &[u64]) -> Result<usize> {
         self.check_ids_exist(ids)?;
-        let mut n = 0;
-        for &id in ids {
-            if let Some(&r) = self.index.get(&id) {
-                self.remove_row(r as usize);
-                n += 1;
-            }
-        }
-        Ok(n)
+        Ok(self.delete_present(ids))
     }
 
     /// Deletes ids that exist and ignores the rest (used by WAL replay and expiry).

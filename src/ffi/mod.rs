@@ -288,6 +288,22 @@ unsafe fn slice_mut<'a, T>(p: *mut T, len: usize, what: &str) -> Result<&'a mut 
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
+/// Packs payloads back to back into `buf` and writes each length (or `KALOS_NO_PAYLOAD`) to
+/// `lens`. The caller has checked that `buf` holds their total and `lens` one entry each.
+fn pack_payloads<'a>(payloads: impl Iterator<Item = Option<&'a [u8]>>, buf: &mut [u8], lens: &mut [u32]) {
+    let mut off = 0;
+    for (len, p) in lens.iter_mut().zip(payloads) {
+        match p {
+            None => *len = KALOS_NO_PAYLOAD,
+            Some(p) => {
+                buf[off..off + p.len()].copy_from_slice(p);
+                off += p.len();
+                *len = p.len() as u32;
+            }
+        }
+    }
+}
+
 /// # Safety
 /// `h` must be NULL or a live handle from `kalos_open`.
 unsafe fn handle<'a>(h: *const kalos_handle) -> Result<&'a Kalos> {
@@ -674,19 +690,11 @@ pub unsafe extern "C" fn kalos_recall_payloads(
         let lens = unsafe { slice_mut(payload_lens, payload_lens_len, "payload_lens") }?;
         // SAFETY: contract of this function.
         let buf = unsafe { slice_mut(payload_buf, payload_buf_len, "payload_buf") }?;
-        let mut off = 0;
         for (i, hit) in hits.iter().enumerate() {
             ids[i] = hit.id;
             scores[i] = hit.score;
-            match &hit.payload {
-                None => lens[i] = KALOS_NO_PAYLOAD,
-                Some(p) => {
-                    buf[off..off + p.len()].copy_from_slice(p);
-                    off += p.len();
-                    lens[i] = p.len() as u32;
-                }
-            }
         }
+        pack_payloads(hits.iter().map(|h| h.payload.as_deref()), buf, lens);
         // SAFETY: non-NULL, writable.
         unsafe { *count = hits.len() };
         Ok(())
@@ -887,17 +895,7 @@ pub unsafe extern "C" fn kalos_get(
             let lens = unsafe { slice_mut(payload_lens, payload_lens_len, "payload_lens") }?;
             // SAFETY: as above.
             let buf = unsafe { slice_mut(payload_buf, payload_buf_len, "payload_buf") }?;
-            let mut off = 0;
-            for (i, r) in recs.iter().enumerate() {
-                match &r.payload {
-                    None => lens[i] = KALOS_NO_PAYLOAD,
-                    Some(p) => {
-                        buf[off..off + p.len()].copy_from_slice(p);
-                        off += p.len();
-                        lens[i] = p.len() as u32;
-                    }
-                }
-            }
+            pack_payloads(recs.iter().map(|r| r.payload.as_deref()), buf, lens);
         }
         Ok(())
     })

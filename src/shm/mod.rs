@@ -177,13 +177,14 @@ pub fn self_start_ticks() -> u64 {
     process_start_ticks(std::process::id()).unwrap_or(0)
 }
 
-/// True if a process with this pid exists and started at `start_ticks`.
+/// True if a process with this pid exists (not a zombie) and started at `start_ticks`;
+/// `start_ticks == 0` means "not recorded yet" and checks only that the pid is alive.
 pub fn process_alive(pid: u32, start_ticks: u64) -> bool {
     if pid == 0 {
         return false;
     }
     match process_start_ticks(pid) {
-        Some(t) => t == start_ticks,
+        Some(t) => start_ticks == 0 || t == start_ticks,
         None => false,
     }
 }
