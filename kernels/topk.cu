@@ -457,8 +457,83 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
 }
 
 // ---------------------------------------------------------------------------------------------
+// Warp-level selection for k <= 32 (the common case): each warp keeps its best 32 entries in
+// registers, lane i holding the i-th best (key desc, then id asc), empty entries (0, any row).
+// Candidates arrive 32 at a time (one per lane); a ballot against the k-th entry skips batches
+// with no contender, a few contenders are inserted one by one, many are bitonic-sorted and merged.
+// No block barrier is involved, unlike the radix select above.
+// ---------------------------------------------------------------------------------------------
+
+#define WK 32
+#define FULLMASK 0xffffffffu
+
+// (ka, row ra) ranks before (kb, row rb). Key 0 (filtered out / empty) never ranks before
+// anything; equal keys are ordered by id, which is read only for such (rare) ties.
+__device__ __forceinline__ bool better(u32 ka, u32 ra, u32 kb, u32 rb, const u64* ids) {
+    return ka > kb || (ka == kb && ka != 0u && ids[ra] < ids[rb]);
+}
+
+__device__ __forceinline__ void cmp_swap(u32& mk, u32& mr, int lane, int stride, bool desc, const u64* ids) {
+    const u32 pk = __shfl_xor_sync(FULLMASK, mk, stride);
+    const u32 pr = __shfl_xor_sync(FULLMASK, mr, stride);
+    const bool lower = (lane & stride) == 0;
+    // The lower lane of a descending pair keeps the better entry, the upper one the worse.
+    const bool take = (lower == desc) ? better(pk, pr, mk, mr, ids) : better(mk, mr, pk, pr, ids);
+    if (take) { mk = pk; mr = pr; }
+}
+
+// Merges one candidate per lane (ck = 0: none) into the warp list (lk, lr); k <= 32.
+__device__ __forceinline__ void warp_insert(u32& lk, u32& lr, u32 ck, u32 cr, u32 k, const u64* ids) {
+    const int lane = threadIdx.x & 31;
+    const u32 tk = __shfl_sync(FULLMASK, lk, k - 1), tr = __shfl_sync(FULLMASK, lr, k - 1);
+    const bool pass = ck != 0u && better(ck, cr, tk, tr, ids);
+    u32 m = __ballot_sync(FULLMASK, pass);
+    if (m == 0u) return;
+    if (__popc(m) <= 3) {
+        while (m) {
+            const int src = __ffs(m) - 1;
+            m &= m - 1;
+            const u32 xk = __shfl_sync(FULLMASK, ck, src), xr = __shfl_sync(FULLMASK, cr, src);
+            const u32 t2k = __shfl_sync(FULLMASK, lk, k - 1), t2r = __shfl_sync(FULLMASK, lr, k - 1);
+            if (!better(xk, xr, t2k, t2r, ids)) continue;  // uniform: the list moved on
+            const u32 gt = __ballot_sync(FULLMASK, better(xk, xr, lk, lr, ids));
+            const int pos = __ffs(gt) - 1;  // first entry the candidate beats (<= k - 1)
+            const u32 uk = __shfl_up_sync(FULLMASK, lk, 1), ur = __shfl_up_sync(FULLMASK, lr, 1);
+            if (lane > pos) { lk = uk; lr = ur; }
+            if (lane == pos) { lk = xk; lr = xr; }
+        }
+        return;
+    }
+    if (!pass) { ck = 0u; cr = 0u; }
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) cmp_swap(ck, cr, lane, stride, (lane & size) == 0, ids);
+    }
+    // Sorted list vs reversed sorted candidates: the better of each pair is the top 32 of both,
+    // as a bitonic sequence; a bitonic merge sorts it.
+    const u32 rk = __shfl_sync(FULLMASK, ck, 31 - lane), rr = __shfl_sync(FULLMASK, cr, 31 - lane);
+    if (better(rk, rr, lk, lr, ids)) { lk = rk; lr = rr; }
+#pragma unroll
+    for (int stride = 16; stride > 0; stride >>= 1) cmp_swap(lk, lr, lane, stride, true, ids);
+}
+
+// Every warp hands its list to warp 0, which merges them; the block's top k ends in warp 0's
+// lanes 0..k-1. `wk`/`wr`: NT shared entries. Must be reached by every thread.
+__device__ __forceinline__ void block_combine(u32& lk, u32& lr, u32 k, const u64* ids, u32* wk, u32* wr) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    wk[threadIdx.x] = (u32)lane < k ? lk : 0u;
+    wr[threadIdx.x] = lr;
+    __syncthreads();
+    if (warp == 0) {
+        for (int w = 1; w < NT / 32; w++) warp_insert(lk, lr, wk[w * 32 + lane], wr[w * 32 + lane], k, ids);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Single query: fused scan + top-k, one launch.
-// Dynamic shared memory: max(CHUNK*4, KMAX*16) bytes (+ DP*4 when the query is not in registers).
+// Dynamic shared memory: SMEM_MAIN + DP*4 bytes (the query copy).
 // ---------------------------------------------------------------------------------------------
 
 struct Out {
@@ -467,35 +542,37 @@ struct Out {
     // followed by u64 ids[k], float scores[k] (k = the request's k; see out_* below)
 };
 
-extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* __restrict__ in, Table T,
-                                                           u32* cand_key, u32* cand_row, u32* cand_cnt,
-                                                           u32* ticket, unsigned char* out) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ SelShared S;
-    __shared__ u64 sns[MAXNS];
-    __shared__ Params P;
+// Params and query passed to the kernel by value when they fit the 4 KiB of classic kernel
+// parameter space (no copy node in the graph); larger dims use the H2D-copied buffer.
+#define ARG_BYTES (PARAMS_BYTES + DP * 4)
+#if ARG_BYTES <= 4096
+#define BYVAL 1
+struct Arg {
+    Params p;
+    unsigned char _pad[PARAMS_BYTES - sizeof(Params)];
+    float q[DP];
+};
+#else
+#define BYVAL 0
+#endif
+
+// The whole single-query path after P (shared) and the query (qg: DP floats, shared or global)
+// are in place.
+__device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg, const Table& T, u32* cand_key,
+                                               u32* cand_row, u32* cand_cnt, u32* ticket, unsigned char* out,
+                                               unsigned char* smem, SelShared& S, const u64* sns) {
     const int t = threadIdx.x;
-    {
-        const u32* src = (const u32*)in;
-        u32* dst = (u32*)&P;
-        for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
-    }
-    __syncthreads();
-    if (P.nns != NONE_U32)
-        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
-    const float* qg = (const float*)(in + PARAMS_BYTES);
     u32* keys = (u32*)smem;
 #if !QREG
     float* qs = (float*)(smem + SMEM_MAIN);
-    for (int i = t; i < DP; i += NT) qs[i] = qg[i];
-#endif
+    if (qs != qg)
+        for (int i = t; i < DP; i += NT) qs[i] = qg[i];
     __syncthreads();
+#endif
 
     const u32 n = P.n, b = blockIdx.x;
     const u32 r0 = min(n, b * P.chunk), r1 = min(n, r0 + P.chunk);
     const int lane = t & (GS - 1);
-    const int grp = t / GS;
-    const int ngrp = NT / GS;
 #if HALF2_DOT
     const float qinv = 1.0f / P.qscale;
     u32 qh[NCH][4];
@@ -570,14 +647,38 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
             }
         }
     }
-    (void)grp; (void)ngrp;
     __syncthreads();
 
-    // Block's own top k -> candidate list b.
     const u32 k = P.k;
-    ChunkAcc ca{keys, r0, T.ids};
-    select_to(ca, r1 - r0, k, S, cand_key + (size_t)b * k, cand_row + (size_t)b * k);
-    if (t == 0) cand_cnt[b] = S.cnt;
+    const int wl = t & 31;
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    if (k <= WK) {
+        // Block's own top k by warp selection -> candidate list b (sorted, best first).
+        u32 lk = 0u, lr = 0u;
+        const u32 m = r1 - r0;
+        for (u32 base = (u32)(t & ~31); base < m; base += NT) {
+            const u32 i = base + wl;
+            warp_insert(lk, lr, i < m ? keys[i] : 0u, r0 + i, k, T.ids);
+        }
+        // keys[] is dead now; the combine area sits after the merge input (MCAP*8 bytes).
+        u32* wk = (u32*)(smem + MCAP * 8);
+        block_combine(lk, lr, k, T.ids, wk, wk + NT);
+        if (t < 32) {
+            const bool ok = (u32)wl < k && lk != 0u;
+            const u32 c = __popc(__ballot_sync(FULLMASK, ok));
+            if (ok) {
+                cand_key[(size_t)b * k + wl] = lk;
+                cand_row[(size_t)b * k + wl] = lr;
+            }
+            if (wl == 0) cand_cnt[b] = c;
+        }
+    } else {
+        // Block's own top k by radix select -> candidate list b.
+        ChunkAcc ca{keys, r0, T.ids};
+        select_to(ca, r1 - r0, k, S, cand_key + (size_t)b * k, cand_row + (size_t)b * k);
+        if (t == 0) cand_cnt[b] = S.cnt;
+    }
 
     // The last block to finish merges everything.
     __threadfence();
@@ -587,15 +688,50 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     if (!S.last) return;
     __threadfence();
     if (t == 0) *ticket = 0u;  // ready for the next replay
-    u32* mkey = (u32*)smem;
-    u32* mrow = mkey + MCAP;
-    u32* skey = (u32*)(smem + MCAP * 8);
-    u32* srow = skey + KMAX;
-    u64* sid = (u64*)(srow + KMAX);
-    u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
     u64* out_ids = (u64*)(out + 8);
     float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
-    sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
+    if (k <= WK) {
+        // Candidates in rounds of MCAP entries loaded into shared memory by the whole block (one
+        // parallel pass of independent loads), then warp-selected; warp 0 merges the warps.
+        u32 lk = 0u, lr = 0u;
+        const u32 m = P.grid * k;
+        for (u32 base0 = 0; base0 < m; base0 += MCAP) {
+            const u32 mm = min((u32)MCAP, m - base0);
+            for (u32 i = t; i < mm; i += NT) {
+                const u32 g = base0 + i, bl = g / k, j = g - bl * k;
+                const bool v = j < __ldcg(cand_cnt + bl);
+                mkey[i] = v ? __ldcg(cand_key + g) : 0u;
+                mrow[i] = v ? __ldcg(cand_row + g) : 0u;
+            }
+            __syncthreads();
+            for (u32 base = (u32)(t & ~31); base < mm; base += NT) {
+                const u32 i = base + wl;
+                warp_insert(lk, lr, i < mm ? mkey[i] : 0u, i < mm ? mrow[i] : 0u, k, T.ids);
+            }
+            __syncthreads();
+        }
+        u32* wk = (u32*)(smem + MCAP * 8);
+        block_combine(lk, lr, k, T.ids, wk, wk + NT);
+        if (t < 32) {
+            const bool ok = (u32)wl < k && lk != 0u;
+            const u32 c = __popc(__ballot_sync(FULLMASK, ok));
+            if (ok) {
+                out_ids[wl] = T.ids[lr];
+                float s = key2f(lk);
+#if METRIC == 2
+                s = -s;
+#endif
+                out_scores[wl] = s;
+            }
+            if (wl == 0) *(u32*)out = c;
+        }
+    } else {
+        u32* skey = (u32*)(smem + MCAP * 8);
+        u32* srow = skey + KMAX;
+        u64* sid = (u64*)(srow + KMAX);
+        u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
+        sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
+    }
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __threadfence_system();
@@ -603,16 +739,10 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     if (t == 0) *(volatile u32*)(out + 4) = P.seq;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Batches: S = tile of GEMM scores, column-major [tile_rows x nq] (ld = ld). Block (b, q) selects
-// the top k of its slice of query q's column into candidate list (q, tile * grid + b).
-// ---------------------------------------------------------------------------------------------
-
-extern "C" __global__ void __launch_bounds__(NT) gemm_select(const unsigned char* __restrict__ in,
-                                                             const float* __restrict__ qnorms, Table T,
-                                                             const float* __restrict__ scores, u32 ld,
-                                                             u32 row0, u32 rows, u32* cand_key, u32* cand_row,
-                                                             u32* cand_cnt, u32* thr) {
+// Params + query copied to device memory (`in`) by a copy node before the kernel.
+extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* __restrict__ in, Table T,
+                                                           u32* cand_key, u32* cand_row, u32* cand_cnt,
+                                                           u32* ticket, unsigned char* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
@@ -627,57 +757,182 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_select(const unsigned char
     if (P.nns != NONE_U32)
         for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
     __syncthreads();
-    const u32 q = blockIdx.y, b = blockIdx.x;
-    const u32 l0 = min(rows, b * P.chunk), l1 = min(rows, l0 + P.chunk);
-    const float qn = qnorms[q];
-    u32* keys = (u32*)smem;
-    const float* col = scores + (size_t)q * ld;
-    // thr[q]: a lower bound of query q's final k-th key (the best k-th key any earlier block
-    // saw). Rows below it cannot make the top k, so most blocks after the first tiles select
-    // from a handful of survivors (one radix pass) instead of all their rows.
-    const u32 lb = __ldcg(thr + q);
-    for (u32 i = l0 + t; i < l1; i += NT) {
-        u32 kk = make_key(col[i], qn, row0 + i, P, T, sns);
-        keys[i - l0] = kk < lb ? 0u : kk;
-    }
+    scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, cand_cnt, ticket, out, smem, S, sns);
+}
+
+#if BYVAL
+// Params + query as the kernel's by-value argument: no copy node, no dependent global load.
+extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
+                                                             u32* cand_cnt, u32* ticket, unsigned char* out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ SelShared S;
+    __shared__ u64 sns[MAXNS];
+    __shared__ Params P;
+    const int t = threadIdx.x;
+    float* qs = (float*)(smem + SMEM_MAIN);
+    for (int i = t; i < DP; i += NT) qs[i] = a.q[i];
+    if (t == 0) P = a.p;
+    if (a.p.nns != NONE_U32)
+        for (u32 i = t; i < a.p.nns && i < MAXNS; i += NT) sns[i] = a.p.ns[i];
     __syncthreads();
-    const u32 k = P.k;
-    const size_t list = (size_t)q * P.ntiles * P.grid + (size_t)P.tile * P.grid + b;
-    ChunkAcc ca{keys, row0 + l0, T.ids};
-    u32* okey = cand_key + list * k;
-    u32 c = select_to(ca, l1 - l0, k, S, okey, cand_row + list * k);
-    if (t == 0) cand_cnt[list] = c;
-    if (c == k) {  // a full list: its smallest key bounds the final k-th key from below
-        if (t == 0) S.last = 0xFFFFFFFFu;
-        __syncthreads();
-        u32 mn = 0xFFFFFFFFu;
-        for (u32 i = t; i < c; i += NT) mn = min(mn, okey[i]);
-        atomicMin(&S.last, mn);
-        __syncthreads();
-        if (t == 0) atomicMax(thr + q, S.last);
+    scan_topk_body(P, qs, T, cand_key, cand_row, cand_cnt, ticket, out, smem, S, sns);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Batches. The GEMM writes a tile of scores, column-major [rows x nq] (ld = rows). Every query
+// owns a candidate buffer (key, row) of `cap` entries with a count, and a threshold thr[q]: a
+// lower bound of its final k-th key (0 at first). Block (b, q) of batch_filter takes FCH rows of
+// query q's column, keeps the rows whose key reaches thr[q] and appends them (all of them when
+// at most k, else their top k by radix select, raising thr[q] to the k-th key), so after the
+// first tile nearly every block appends nothing and costs one pass over its scores.
+// batch_tighten cuts a buffer that grew past `high` to its top k; the host sizes `cap` as
+// high + (blocks per tile) * k, so a buffer can never overflow (an overflow would be reported as
+// a count of 0xFFFFFFFF, never as wrong results). batch_final selects and sorts each query's top k.
+// ---------------------------------------------------------------------------------------------
+
+#define FCH 4096  // rows per filter block (CHUNK)
+
+__device__ __forceinline__ void load_params(const unsigned char* in, Params& P, u64* sns) {
+    const int t = threadIdx.x;
+    const u32* src = (const u32*)in;
+    u32* dst = (u32*)&P;
+    for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
+    __syncthreads();
+    if (P.nns != NONE_U32)
+        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
+    __syncthreads();
+}
+
+// Writes the rows [0, c) of (skey, srow) at the end of query q's buffer.
+__device__ __forceinline__ void append(const u32* skey, const u32* srow, u32 c, u32* bkey, u32* brow, u32* bcnt,
+                                       u32 cap, SelShared& S) {
+    if (c == 0) return;
+    if (threadIdx.x == 0) S.cnt = atomicAdd(bcnt, c);
+    __syncthreads();
+    const u32 base = S.cnt;
+    for (u32 i = threadIdx.x; i < c; i += NT) {
+        if (base + i < cap) {
+            bkey[base + i] = skey[i];
+            brow[base + i] = srow[i];
+        }
     }
 }
 
-// Block q merges query q's candidate lists and writes ids[q*k..], scores[q*k..], counts[q].
-extern "C" __global__ void __launch_bounds__(NT) merge_final(const unsigned char* __restrict__ in, Table T,
-                                                             const u32* cand_key, const u32* cand_row,
-                                                             const u32* cand_cnt, u64* out_ids, float* out_scores,
-                                                             u32* out_counts) {
+extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned char* __restrict__ in,
+                                                              const float* __restrict__ qnorms, Table T,
+                                                              const float* __restrict__ scores, u32 ld, u32 row0,
+                                                              u32 rows, u32* bkey, u32* brow, u32* bcnt, u32 cap,
+                                                              u32* thr) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ SelShared S;
+    __shared__ u64 sns[MAXNS];
+    __shared__ Params P;
+    __shared__ u32 nsurv;
+    const int t = threadIdx.x, lane = t & 31;
+    if (t == 0) nsurv = 0;
+    load_params(in, P, sns);
+    const u32 q = blockIdx.y;
+    const u32 l0 = min(rows, blockIdx.x * FCH), l1 = min(rows, l0 + FCH);
+    const float qn = qnorms[q];
+    const u32 lb = __ldcg(thr + q);
+    const float* col = scores + (size_t)q * ld;
+    u32* ckey = (u32*)smem;  // survivors, compacted
+    u32* crow = ckey + FCH;
+    for (u32 base = l0 + (u32)(t & ~31); base < l1; base += NT) {  // uniform per warp
+        const u32 i = base + lane;
+        u32 kk = 0u;
+        if (i < l1) kk = make_key(col[i], qn, row0 + i, P, T, sns);
+        const bool keep = kk != 0u && kk >= lb;
+        const u32 m = __ballot_sync(FULLMASK, keep);
+        if (m) {
+            u32 pos = 0;
+            if (lane == __ffs(m) - 1) pos = atomicAdd(&nsurv, (u32)__popc(m));
+            pos = __shfl_sync(FULLMASK, pos, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1u));
+            if (keep) { ckey[pos] = kk; crow[pos] = row0 + i; }
+        }
+    }
+    __syncthreads();
+    const u32 c = nsurv, k = P.k;
+    u32* okey = bkey + (size_t)q * cap;
+    u32* orow = brow + (size_t)q * cap;
+    if (c <= k) {
+        append(ckey, crow, c, okey, orow, bcnt + q, cap, S);
+        return;
+    }
+    u32* skey = (u32*)(smem + FCH * 8);
+    u32* srow = skey + KMAX;
+    SmemAcc a{ckey, crow, T.ids};
+    const u32 got = select_to(a, c, k, S, skey, srow);
+    // got == k: the smallest key taken bounds the final k-th key of q from below.
+    if (t == 0) S.last = 0xFFFFFFFFu;
+    __syncthreads();
+    u32 mn = 0xFFFFFFFFu;
+    for (u32 i = t; i < got; i += NT) mn = min(mn, skey[i]);
+    atomicMin(&S.last, mn);
+    __syncthreads();
+    if (t == 0 && got == k) atomicMax(thr + q, S.last);
+    append(skey, srow, got, okey, orow, bcnt + q, cap, S);
+}
+
+// Block q: when q's buffer holds more than `high` entries, keep only its top k (and raise thr).
+// With final != 0 (batch_final): always select, then sort and write q's results.
+__device__ __forceinline__ void tighten_or_final(const unsigned char* in, const Table& T, u32* bkey, u32* brow,
+                                                 u32* bcnt, u32 cap, u32 high, u32* thr, bool final, u64* out_ids,
+                                                 float* out_scores, u32* out_counts) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     const Params* P = (const Params*)in;
-    const u32 q = blockIdx.x, k = P->k;
-    const u32 lists = P->ntiles * P->grid;
+    const u32 q = blockIdx.x, k = P->k, t = threadIdx.x;
+    const u32 cnt = __ldcg(bcnt + q);
+    if (cnt > cap) {  // cannot happen with the host's sizing; never return partial results
+        if (final && t == 0) out_counts[q] = 0xFFFFFFFFu;
+        return;
+    }
+    if (!final && cnt <= high) return;
+    u32* okey = bkey + (size_t)q * cap;
+    u32* orow = brow + (size_t)q * cap;
     u32* mkey = (u32*)smem;
     u32* mrow = mkey + MCAP;
     u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
-    u64* sid = (u64*)(srow + KMAX);
-    const size_t base = (size_t)q * lists;
-    u32 c = merge_lists(cand_key + base * k, cand_row + base * k, cand_cnt + base, lists, k, T.ids, mkey, mrow, S, skey,
-                        srow);
-    sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k,
-                   out_counts + q);
+    u32 c;
+    if (cnt <= MCAP) {  // one parallel pass into shared memory, then select there
+        for (u32 i = t; i < cnt; i += NT) { mkey[i] = okey[i]; mrow[i] = orow[i]; }
+        __syncthreads();
+        SmemAcc a{mkey, mrow, T.ids};
+        c = select_to(a, cnt, k, S, skey, srow);
+    } else {
+        SmemAcc a{okey, orow, T.ids};
+        c = select_to(a, cnt, k, S, skey, srow);
+    }
+    if (final) {
+        u64* sid = (u64*)(srow + KMAX);
+        sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k, out_counts + q);
+        return;
+    }
+    for (u32 i = t; i < c; i += NT) { okey[i] = skey[i]; orow[i] = srow[i]; }
+    if (t == 0) S.last = 0xFFFFFFFFu;
+    __syncthreads();
+    u32 mn = 0xFFFFFFFFu;
+    for (u32 i = t; i < c; i += NT) mn = min(mn, skey[i]);
+    atomicMin(&S.last, mn);
+    __syncthreads();
+    if (t == 0) {
+        if (c == k) atomicMax(thr + q, S.last);
+        bcnt[q] = c;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) batch_tighten(const unsigned char* __restrict__ in, Table T, u32* bkey,
+                                                               u32* brow, u32* bcnt, u32 cap, u32 high, u32* thr) {
+    tighten_or_final(in, T, bkey, brow, bcnt, cap, high, thr, false, nullptr, nullptr, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(NT) batch_final(const unsigned char* __restrict__ in, Table T, u32* bkey,
+                                                             u32* brow, u32* bcnt, u32 cap, u64* out_ids,
+                                                             float* out_scores, u32* out_counts) {
+    tighten_or_final(in, T, bkey, brow, bcnt, cap, 0, nullptr, true, out_ids, out_scores, out_counts);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -42,10 +42,16 @@ const FLAG_EXPIRY: u32 = 1;
 const FLAG_RECENCY: u32 = 2;
 /// Largest dimension the GPU engine takes (the query must fit in shared memory).
 pub(crate) const MAX_GPU_DIM: usize = 8192;
-/// Bytes of GEMM score tile kept per batch step (small enough to stay in the 50+ MB L2).
+/// Bytes of GEMM score tile per batch step (small enough to stay in the 50 MB L2 between the
+/// GEMM that writes it and the filter that reads it); `KALOS_TILE_MB` overrides (tuning).
 const SCORE_TILE_BYTES: usize = 48 << 20;
-/// Candidate-list budget of one batch step.
+/// Candidate-buffer budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
+/// Rows per batch_filter block (FCH in the kernel).
+const FCH: usize = 4096;
+/// Largest by-value kernel argument of the single-query kernel (Params + query): the classic
+/// 4 KiB parameter space (ARG_BYTES / BYVAL in the kernel).
+const MAX_ARG_BYTES: usize = 4096;
 /// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
 /// Measured on the H200 machine (docs/GPU.md): a GPU request costs a fixed ~20-25 µs
 /// server-side, which the current (scalar) CPU engine matches at about 256-384 rows × 128 dims
@@ -179,10 +185,24 @@ impl Drop for HostBuf {
     }
 }
 
-/// An instantiated CUDA graph.
+/// An instantiated CUDA graph (and, for by-value graphs, its kernel node).
 struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
+    node: sys::CUgraphNode,
+}
+
+/// How a single query reaches the GPU (`KALOS_SQ_MODE`, a tuning knob; see docs/GPU.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SqMode {
+    /// A one-node graph whose kernel takes params + query by value; each request updates the
+    /// node's arguments and replays the graph (default when the argument fits in 4 KiB).
+    Graph,
+    /// The same kernel launched directly with the by-value argument (no graph).
+    Launch,
+    /// A graph of two nodes: a copy of params + query from pinned memory, then the kernel
+    /// (dims whose argument would exceed 4 KiB).
+    Copy,
 }
 
 impl Drop for Graph {
@@ -330,15 +350,15 @@ struct BatchBufs {
     nq_cap: usize,
     k_cap: usize,
     tile_rows: usize,
-    lists_cap: usize,
+    buf_cap: usize,
     d_qf32: DevBuf,
     d_q: DevBuf,
     d_qn: DevBuf,
     d_params: DevBuf,
     d_scores: DevBuf,
-    d_ckey: DevBuf,
-    d_crow: DevBuf,
-    d_ccnt: DevBuf,
+    d_bkey: DevBuf,
+    d_brow: DevBuf,
+    d_bcnt: DevBuf,
     d_oids: DevBuf,
     d_oscores: DevBuf,
     d_ocnt: DevBuf,
@@ -349,8 +369,14 @@ pub struct CudaEngine {
     _ctx: Arc<CudaContext>,
     _module: Arc<cudarc::driver::CudaModule>,
     f_scan: sys::CUfunction,
-    f_gsel: sys::CUfunction,
-    f_merge: sys::CUfunction,
+    /// The by-value single-query kernel (None when params + query exceed 4 KiB).
+    f_scan_v: Option<sys::CUfunction>,
+    sq_mode: SqMode,
+    f_filter: sys::CUfunction,
+    f_tighten: sys::CUfunction,
+    f_final: sys::CUfunction,
+    tile_bytes: usize,
+    batch_profile: bool,
     f_scatter: sys::CUfunction,
     f_convq: sys::CUfunction,
     stream: sys::CUstream,
@@ -389,7 +415,7 @@ pub struct CudaEngine {
     d_ccnt: DevBuf,
     d_ticket: DevBuf,
     cand_cap: usize,
-    graphs: HashMap<(u32, u32), (u64, Graph)>,
+    graphs: HashMap<u32, (u64, Graph)>,
     // Sync staging.
     h_stage: HostBuf,
     d_stage: DevBuf,
@@ -412,6 +438,38 @@ pub struct CudaEngine {
 
 fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
+}
+
+/// Argument pointer array of scan_topk / scan_topk_v: `first` points at the first argument's
+/// value (the device input address, or the by-value params + query bytes).
+fn scan_arg_ptrs(first: *mut c_void, tab: &mut TableArg, tail: &mut [u64; 5]) -> [*mut c_void; 7] {
+    let [a, b, c, d, e] = tail;
+    [
+        first,
+        tab as *mut TableArg as *mut c_void,
+        a as *mut u64 as *mut c_void,
+        b as *mut u64 as *mut c_void,
+        c as *mut u64 as *mut c_void,
+        d as *mut u64 as *mut c_void,
+        e as *mut u64 as *mut c_void,
+    ]
+}
+
+fn kernel_node(f: sys::CUfunction, grid: u32, smem: u32, args: *mut *mut c_void) -> sys::CUDA_KERNEL_NODE_PARAMS {
+    sys::CUDA_KERNEL_NODE_PARAMS {
+        func: f,
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: NT,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        kernelParams: args,
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    }
 }
 
 impl CudaEngine {
@@ -447,12 +505,19 @@ impl CudaEngine {
             Ok(f.cu_function())
         };
         let f_scan = getf("scan_topk")?;
-        let f_gsel = getf("gemm_select")?;
-        let f_merge = getf("merge_final")?;
+        let f_scan_v = if PARAMS_BYTES + dp * 4 <= MAX_ARG_BYTES { Some(getf("scan_topk_v")?) } else { None };
+        let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {
+            (_, None) | (Ok("copy"), _) => SqMode::Copy,
+            (Ok("launch"), _) => SqMode::Launch,
+            _ => SqMode::Graph,
+        };
+        let f_filter = getf("batch_filter")?;
+        let f_tighten = getf("batch_tighten")?;
+        let f_final = getf("batch_final")?;
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
-        for f in [f_scan, f_gsel, f_merge] {
+        for f in [Some(f_scan), f_scan_v, Some(f_filter), Some(f_tighten), Some(f_final)].into_iter().flatten() {
             ck("cuFuncSetAttribute", unsafe {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_scan as i32)
             })?;
@@ -472,8 +537,16 @@ impl CudaEngine {
             _ctx: ctx.clone(),
             _module: module.clone(),
             f_scan,
-            f_gsel,
-            f_merge,
+            f_scan_v,
+            sq_mode,
+            f_filter,
+            f_tighten,
+            f_final,
+            tile_bytes: std::env::var("KALOS_TILE_MB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(SCORE_TILE_BYTES, |mb| mb.clamp(4, 1024) << 20),
+            batch_profile: std::env::var_os("KALOS_BATCH_PROFILE").is_some(),
             f_scatter,
             f_convq,
             stream,
@@ -700,42 +773,37 @@ impl CudaEngine {
         Ok(())
     }
 
-    fn kbucket(k: usize) -> u32 {
-        if k <= 16 {
-            16
-        } else if k <= 128 {
-            128
-        } else {
-            KMAX as u32
-        }
+    /// Pointers of the single-query kernel's arguments after the first (the input buffer
+    /// address in copy mode, the by-value params + query otherwise).
+    fn scan_tail(&self) -> (TableArg, [u64; 5]) {
+        (self.table_arg(), [self.d_ckey.ptr, self.d_crow.ptr, self.d_ccnt.ptr, self.d_ticket.ptr, self.d_out])
     }
 
-    /// Captures the single-query graph: H2D(params + query) → scan_topk, which writes the
-    /// results straight into mapped pinned memory and publishes a sequence number last.
-    fn capture(&mut self, grid: u32, kb: u32) -> Result<Graph> {
+    /// Builds the single-query graph for `grid` blocks. Copy mode: captured H2D(params + query)
+    /// → scan_topk. Graph mode: one scan_topk_v kernel node, whose by-value argument each
+    /// request replaces (`cuGraphExecKernelNodeSetParams`).
+    fn build_graph(&mut self, grid: u32) -> Result<Graph> {
         let smem = (SMEM_MAIN + self.dp * 4) as u32;
         let in_bytes = PARAMS_BYTES + self.dp * 4;
-        let _ = kb;
+        let (mut tab, mut tail) = self.scan_tail();
         unsafe {
+            if self.sq_mode == SqMode::Graph {
+                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
+                let mut graph: sys::CUgraph = std::ptr::null_mut();
+                ck("graph create", sys::cuGraphCreate(&mut graph, 0))?;
+                let mut g = Graph { graph, exec: std::ptr::null_mut(), node: std::ptr::null_mut() };
+                let mut args = scan_arg_ptrs(self.h_in.ptr as *mut c_void, &mut tab, &mut tail);
+                let kp = kernel_node(f, grid, smem, args.as_mut_ptr());
+                ck("graph add kernel", sys::cuGraphAddKernelNode_v2(&mut g.node, g.graph, std::ptr::null(), 0, &kp))?;
+                ck("graph instantiate", sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0))?;
+                ck("graph upload", sys::cuGraphUpload(g.exec, self.stream))?;
+                return Ok(g);
+            }
             ck("begin capture", sys::cuStreamBeginCapture_v2(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))?;
             let body = (|| -> Result<()> {
                 ck("capture H2D", sys::cuMemcpyHtoDAsync_v2(self.d_in.ptr, self.h_in.ptr as *const c_void, in_bytes, self.stream))?;
                 let mut a_in = self.d_in.ptr;
-                let mut tab = self.table_arg();
-                let mut ck_ = self.d_ckey.ptr;
-                let mut cr = self.d_crow.ptr;
-                let mut cc = self.d_ccnt.ptr;
-                let mut tk = self.d_ticket.ptr;
-                let mut out = self.d_out;
-                let mut args: [*mut c_void; 7] = [
-                    &mut a_in as *mut _ as *mut c_void,
-                    &mut tab as *mut _ as *mut c_void,
-                    &mut ck_ as *mut _ as *mut c_void,
-                    &mut cr as *mut _ as *mut c_void,
-                    &mut cc as *mut _ as *mut c_void,
-                    &mut tk as *mut _ as *mut c_void,
-                    &mut out as *mut _ as *mut c_void,
-                ];
+                let mut args = scan_arg_ptrs(&mut a_in as *mut u64 as *mut c_void, &mut tab, &mut tail);
                 ck("capture scan_topk", sys::cuLaunchKernel(self.f_scan, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
                 Ok(())
             })();
@@ -743,13 +811,8 @@ impl CudaEngine {
             let r_end = sys::cuStreamEndCapture(self.stream, &mut graph);
             body?;
             ck("end capture", r_end)?;
-            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-            let r = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
-            if r != sys::CUresult::CUDA_SUCCESS {
-                sys::cuGraphDestroy(graph);
-                return Err(cu_err("graph instantiate", r));
-            }
-            let g = Graph { graph, exec };
+            let mut g = Graph { graph, exec: std::ptr::null_mut(), node: std::ptr::null_mut() };
+            ck("graph instantiate", sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0))?;
             ck("graph upload", sys::cuGraphUpload(g.exec, self.stream))?;
             Ok(g)
         }
@@ -794,15 +857,13 @@ impl CudaEngine {
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
-        let kb = Self::kbucket(k);
-        let key = (grid, kb);
-        let stale = match self.graphs.get(&key) {
-            Some((g, _)) => *g != self.gen,
-            None => true,
-        };
-        if stale {
-            let g = self.capture(grid, kb)?;
-            self.graphs.insert(key, (self.gen, g));
+        if self.sq_mode != SqMode::Launch {
+            let stale = self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen);
+            if stale {
+                self.graphs.remove(&grid);
+                let g = self.build_graph(grid)?;
+                self.graphs.insert(grid, (self.gen, g));
+            }
         }
         let mut p = self.fill_params(req, store, n, k, grid, chunk);
         if self.metric == Metric::L2 {
@@ -824,9 +885,27 @@ impl CudaEngine {
                 c.copy_from_slice(&v.to_le_bytes());
             }
         }
-        let exec = self.graphs.get(&key).unwrap().1.exec;
         let t0 = std::time::Instant::now();
-        ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
+        let smem = (SMEM_MAIN + self.dp * 4) as u32;
+        let (mut tab, mut tail) = self.scan_tail();
+        let mut args = scan_arg_ptrs(self.h_in.ptr as *mut c_void, &mut tab, &mut tail);
+        match self.sq_mode {
+            SqMode::Launch => {
+                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
+                ck("launch scan_topk_v", unsafe { sys::cuLaunchKernel(f, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()) })?;
+            }
+            SqMode::Graph => {
+                let g = &self.graphs.get(&grid).unwrap().1;
+                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
+                let kp = kernel_node(f, grid, smem, args.as_mut_ptr());
+                ck("graph set params", unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, g.node, &kp) })?;
+                ck("graph launch", unsafe { sys::cuGraphLaunch(g.exec, self.stream) })?;
+            }
+            SqMode::Copy => {
+                let exec = self.graphs.get(&grid).unwrap().1.exec;
+                ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
+            }
+        }
         self.wait_published(p.seq)?;
         if self.rtt.len() < self.rtt.capacity() {
             self.rtt.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
@@ -874,9 +953,9 @@ impl CudaEngine {
         }
     }
 
-    fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, lists: usize) -> Result<()> {
+    fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, buf_cap: usize) -> Result<()> {
         let ok = match &self.batch {
-            Some(b) => b.nq_cap >= nq && b.k_cap >= k && b.tile_rows >= tile_rows && b.lists_cap >= lists,
+            Some(b) => b.nq_cap >= nq && b.k_cap >= k && b.tile_rows >= tile_rows && b.buf_cap >= buf_cap,
             None => false,
         };
         if ok {
@@ -889,15 +968,15 @@ impl CudaEngine {
             nq_cap: nq,
             k_cap: k,
             tile_rows,
-            lists_cap: lists,
+            buf_cap,
             d_qf32: DevBuf::new(nq * self.dim * 4, "batch queries")?,
             d_q: DevBuf::new(nq * dp * self.esize, "batch queries")?,
             d_qn: DevBuf::new(nq * 4, "query norms")?,
-            d_params: DevBuf::new(PARAMS_BYTES * lists, "batch params")?,
+            d_params: DevBuf::new(PARAMS_BYTES, "batch params")?,
             d_scores: DevBuf::new(nq * tile_rows * 4, "score tile")?,
-            d_ckey: DevBuf::new(nq * lists * k * 4, "batch candidates")?,
-            d_crow: DevBuf::new(nq * lists * k * 4, "batch candidates")?,
-            d_ccnt: DevBuf::new(nq * lists * 4, "batch candidate counts")?,
+            d_bkey: DevBuf::new(nq * buf_cap * 4, "batch candidates")?,
+            d_brow: DevBuf::new(nq * buf_cap * 4, "batch candidates")?,
+            d_bcnt: DevBuf::new(nq * 4, "batch candidate counts")?,
             d_oids: DevBuf::new(nq * k * 8, "batch ids")?,
             d_oscores: DevBuf::new(nq * k * 4, "batch scores")?,
             d_ocnt: DevBuf::new(nq * 4, "batch counts")?,
@@ -906,41 +985,109 @@ impl CudaEngine {
         Ok(())
     }
 
+    /// One GEMM: scores[rows x m] (column-major, ld = rows) = table[row0..row0+rows] · queries.
+    fn gemm_tile(&self, d_q: u64, d_scores: u64, row0: usize, rows: usize, m: usize) -> Result<()> {
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        let a = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
+        // SAFETY: a, d_q and d_scores are device buffers of at least rows*dp, m*dp and rows*m
+        // elements (ensure_capacity / ensure_batch), on the engine's stream.
+        unsafe {
+            if self.dtype == Dtype::F32 {
+                ckb(
+                    "cublasSgemm",
+                    cb::cublasSgemm_v2(
+                        self.blas,
+                        cb::cublasOperation_t::CUBLAS_OP_T,
+                        cb::cublasOperation_t::CUBLAS_OP_N,
+                        rows as i32,
+                        m as i32,
+                        self.dp as i32,
+                        &alpha,
+                        a as *const f32,
+                        self.dp as i32,
+                        d_q as *const f32,
+                        self.dp as i32,
+                        &beta,
+                        d_scores as *mut f32,
+                        rows as i32,
+                    ),
+                )
+            } else {
+                let ty = if self.dtype == Dtype::F16 { cb::cudaDataType::CUDA_R_16F } else { cb::cudaDataType::CUDA_R_16BF };
+                ckb(
+                    "cublasGemmEx",
+                    cb::cublasGemmEx(
+                        self.blas,
+                        cb::cublasOperation_t::CUBLAS_OP_T,
+                        cb::cublasOperation_t::CUBLAS_OP_N,
+                        rows as i32,
+                        m as i32,
+                        self.dp as i32,
+                        &alpha as *const f32 as *const c_void,
+                        a as *const c_void,
+                        ty,
+                        self.dp as i32,
+                        d_q as *const c_void,
+                        ty,
+                        self.dp as i32,
+                        &beta as *const f32 as *const c_void,
+                        d_scores as *mut c_void,
+                        cb::cudaDataType::CUDA_R_32F,
+                        rows as i32,
+                        cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    ),
+                )
+            }
+        }
+    }
+
     /// Batched search: queries in groups of `nqt`; for each group the table is cut in tiles of
     /// `tile` rows, each tile scored by one GEMM (cuBLAS, f32 accumulation; plain SGEMM for f32
-    /// storage) and selected per query; a final kernel merges every tile's candidates.
+    /// storage) and filtered per query against a running threshold into a bounded candidate
+    /// buffer (kernels/topk.cu, "Batches"); a final kernel selects and sorts each query's top k.
     fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let n = self.len;
         let dim = self.dim;
         let k = req.k.min(KMAX);
         let nq_all = req.nq;
-        // Rows per tile and queries per group, so that the score tile stays ~SCORE_TILE_BYTES
-        // and the candidate lists within CAND_BYTES.
+        // Rows per tile and queries per group, so that the score tile stays ~tile_bytes and the
+        // candidate buffers (high + k per filter block of a tile, per query) within CAND_BYTES.
+        let high = (2 * k).max(4096);
         let mut nqt = nq_all.min(1024);
-        let tile = (SCORE_TILE_BYTES / (nqt * 4)).clamp(CHUNK, 1 << 22).min(align_up(n, CHUNK));
-        let gq = tile.div_ceil(CHUNK);
-        let ntiles = n.div_ceil(tile);
-        let lists = ntiles * gq;
-        while nqt > 1 && nqt * lists * k * 8 > CAND_BYTES {
+        let sizes = |nqt: usize| {
+            let tile = (self.tile_bytes / (nqt * 4)).clamp(FCH, 1 << 22).min(align_up(n, FCH));
+            let cap = high + tile.div_ceil(FCH) * k;
+            (tile, cap)
+        };
+        while nqt > 1 && nqt * sizes(nqt).1 * 8 > CAND_BYTES {
             nqt /= 2;
         }
-        self.ensure_batch(nqt, k, tile, lists)?;
+        let (tile, cap) = sizes(nqt);
+        let gq = tile.div_ceil(FCH);
+        let ntiles = n.div_ceil(tile);
+        self.ensure_batch(nqt, k, tile, cap)?;
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
-        let (d_ckey, d_crow, d_ccnt, d_oids, d_osc, d_ocnt) = (b.d_ckey.ptr, b.d_crow.ptr, b.d_ccnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
+        let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let d_thr = b.d_thr.ptr;
         let smem = SMEM_MAIN as u32;
         let mut ids = vec![0u64; nqt * k];
         let mut scores = vec![0f32; nqt * k];
         let mut counts = vec![0u32; nqt];
+        let t_start = std::time::Instant::now();
         out.clear();
         for q0 in (0..nq_all).step_by(nqt) {
             let m = (nq_all - q0).min(nqt);
             let qs = &req.queries[q0 * dim..(q0 + m) * dim];
             let qn: Vec<f32> = qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();
-            let mut p = self.fill_params(req, store, n, k, gq as u32, CHUNK as u32);
-            p.ntiles = ntiles as u32;
+            let p = self.fill_params(req, store, n, k, gq as u32, FCH as u32);
+            // SAFETY: Params is repr(C) plain data; every device buffer below was sized by
+            // ensure_batch for nqt >= m queries, `tile` rows and `cap` candidates per query.
             unsafe {
+                let pb = std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>());
+                ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pb.as_ptr() as *const c_void, pb.len()))?;
                 ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
                 ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
                 let mut a_src = d_qf32;
@@ -950,138 +1097,104 @@ impl CudaEngine {
                     [&mut a_src as *mut _ as *mut c_void, &mut a_m as *mut _ as *mut c_void, &mut a_dst as *mut _ as *mut c_void];
                 let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
                 ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
-            }
-            let mut pall = vec![0u8; PARAMS_BYTES * ntiles];
-            for t in 0..ntiles {
-                p.tile = t as u32;
-                let pb = unsafe { std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>()) };
-                pall[t * PARAMS_BYTES..t * PARAMS_BYTES + pb.len()].copy_from_slice(pb);
-            }
-            unsafe {
-                ck("sync", sys::cuStreamSynchronize(self.stream))?;
-                ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pall.as_ptr() as *const c_void, pall.len()))?;
                 ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
+                ck("reset counts", sys::cuMemsetD8Async(d_bcnt, 0, m * 4, self.stream))?;
             }
+            let mut tab = self.table_arg();
+            let (mut a_in, mut a_qn, mut a_sc, mut a_bk, mut a_br, mut a_bc, mut a_thr) = (d_params, d_qn, d_scores, d_bkey, d_brow, d_bcnt, d_thr);
+            let (mut a_cap, mut a_high) = (cap as u32, high as u32);
             for t in 0..ntiles {
                 let row0 = t * tile;
                 let rows = (n - row0).min(tile);
-                unsafe {
-                    let alpha = 1.0f32;
-                    let beta = 0.0f32;
-                    let a = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
-                    if self.dtype == Dtype::F32 {
-                        ckb(
-                            "cublasSgemm",
-                            cb::cublasSgemm_v2(
-                                self.blas,
-                                cb::cublasOperation_t::CUBLAS_OP_T,
-                                cb::cublasOperation_t::CUBLAS_OP_N,
-                                rows as i32,
-                                m as i32,
-                                self.dp as i32,
-                                &alpha,
-                                a as *const f32,
-                                self.dp as i32,
-                                d_q as *const f32,
-                                self.dp as i32,
-                                &beta,
-                                d_scores as *mut f32,
-                                rows as i32,
-                            ),
-                        )?;
-                    } else {
-                        let ty = if self.dtype == Dtype::F16 { cb::cudaDataType::CUDA_R_16F } else { cb::cudaDataType::CUDA_R_16BF };
-                        ckb(
-                            "cublasGemmEx",
-                            cb::cublasGemmEx(
-                                self.blas,
-                                cb::cublasOperation_t::CUBLAS_OP_T,
-                                cb::cublasOperation_t::CUBLAS_OP_N,
-                                rows as i32,
-                                m as i32,
-                                self.dp as i32,
-                                &alpha as *const f32 as *const c_void,
-                                a as *const c_void,
-                                ty,
-                                self.dp as i32,
-                                d_q as *const c_void,
-                                ty,
-                                self.dp as i32,
-                                &beta as *const f32 as *const c_void,
-                                d_scores as *mut c_void,
-                                cb::cudaDataType::CUDA_R_32F,
-                                rows as i32,
-                                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                            ),
-                        )?;
-                    }
-                    let mut a_in = d_params + (t * PARAMS_BYTES) as u64;
-                    let mut a_qn = d_qn;
-                    let mut tab = self.table_arg();
-                    let mut a_sc = d_scores;
-                    let mut a_ld = rows as u32;
-                    let mut a_row0 = row0 as u32;
-                    let mut a_rows = rows as u32;
-                    let mut a_ck = d_ckey;
-                    let mut a_cr = d_crow;
-                    let mut a_cc = d_ccnt;
-                    let mut a_thr = d_thr;
-                    let mut args: [*mut c_void; 11] = [
+                self.gemm_tile(d_q, d_scores, row0, rows, m)?;
+                let (mut a_ld, mut a_row0, mut a_rows) = (rows as u32, row0 as u32, rows as u32);
+                let mut fargs: [*mut c_void; 12] = [
+                    &mut a_in as *mut _ as *mut c_void,
+                    &mut a_qn as *mut _ as *mut c_void,
+                    &mut tab as *mut _ as *mut c_void,
+                    &mut a_sc as *mut _ as *mut c_void,
+                    &mut a_ld as *mut _ as *mut c_void,
+                    &mut a_row0 as *mut _ as *mut c_void,
+                    &mut a_rows as *mut _ as *mut c_void,
+                    &mut a_bk as *mut _ as *mut c_void,
+                    &mut a_br as *mut _ as *mut c_void,
+                    &mut a_bc as *mut _ as *mut c_void,
+                    &mut a_cap as *mut _ as *mut c_void,
+                    &mut a_thr as *mut _ as *mut c_void,
+                ];
+                let fblocks = rows.div_ceil(FCH) as u32;
+                ck("launch batch_filter", unsafe {
+                    sys::cuLaunchKernel(self.f_filter, fblocks, m as u32, 1, NT, 1, 1, smem, self.stream, fargs.as_mut_ptr(), std::ptr::null_mut())
+                })?;
+                if t + 1 < ntiles {
+                    let mut targs: [*mut c_void; 8] = [
                         &mut a_in as *mut _ as *mut c_void,
-                        &mut a_qn as *mut _ as *mut c_void,
                         &mut tab as *mut _ as *mut c_void,
-                        &mut a_sc as *mut _ as *mut c_void,
-                        &mut a_ld as *mut _ as *mut c_void,
-                        &mut a_row0 as *mut _ as *mut c_void,
-                        &mut a_rows as *mut _ as *mut c_void,
-                        &mut a_ck as *mut _ as *mut c_void,
-                        &mut a_cr as *mut _ as *mut c_void,
-                        &mut a_cc as *mut _ as *mut c_void,
+                        &mut a_bk as *mut _ as *mut c_void,
+                        &mut a_br as *mut _ as *mut c_void,
+                        &mut a_bc as *mut _ as *mut c_void,
+                        &mut a_cap as *mut _ as *mut c_void,
+                        &mut a_high as *mut _ as *mut c_void,
                         &mut a_thr as *mut _ as *mut c_void,
                     ];
-                    ck(
-                        "launch gemm_select",
-                        sys::cuLaunchKernel(self.f_gsel, gq as u32, m as u32, 1, NT, 1, 1, (CHUNK * 4) as u32, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
-                    )?;
+                    ck("launch batch_tighten", unsafe {
+                        sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, self.stream, targs.as_mut_ptr(), std::ptr::null_mut())
+                    })?;
                 }
             }
+            let (mut a_oi, mut a_os, mut a_oc) = (d_oids, d_osc, d_ocnt);
+            let mut margs: [*mut c_void; 9] = [
+                &mut a_in as *mut _ as *mut c_void,
+                &mut tab as *mut _ as *mut c_void,
+                &mut a_bk as *mut _ as *mut c_void,
+                &mut a_br as *mut _ as *mut c_void,
+                &mut a_bc as *mut _ as *mut c_void,
+                &mut a_cap as *mut _ as *mut c_void,
+                &mut a_oi as *mut _ as *mut c_void,
+                &mut a_os as *mut _ as *mut c_void,
+                &mut a_oc as *mut _ as *mut c_void,
+            ];
+            // SAFETY: as above; the host vectors hold nqt * k ids/scores and nqt counts.
             unsafe {
-                let mut a_in = d_params;
-                let mut tab = self.table_arg();
-                let mut a_ck = d_ckey;
-                let mut a_cr = d_crow;
-                let mut a_cc = d_ccnt;
-                let mut a_oi = d_oids;
-                let mut a_os = d_osc;
-                let mut a_oc = d_ocnt;
-                let mut args: [*mut c_void; 8] = [
-                    &mut a_in as *mut _ as *mut c_void,
-                    &mut tab as *mut _ as *mut c_void,
-                    &mut a_ck as *mut _ as *mut c_void,
-                    &mut a_cr as *mut _ as *mut c_void,
-                    &mut a_cc as *mut _ as *mut c_void,
-                    &mut a_oi as *mut _ as *mut c_void,
-                    &mut a_os as *mut _ as *mut c_void,
-                    &mut a_oc as *mut _ as *mut c_void,
-                ];
-                ck(
-                    "launch merge_final",
-                    sys::cuLaunchKernel(self.f_merge, m as u32, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
-                )?;
+                ck("launch batch_final", sys::cuLaunchKernel(self.f_final, m as u32, 1, 1, NT, 1, 1, smem, self.stream, margs.as_mut_ptr(), std::ptr::null_mut()))?;
                 ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
                 ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
                 ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
-                self.sync_stream()?;
             }
+            self.sync_stream()?;
             for i in 0..m {
                 let c = counts[i] as usize;
                 if c > k {
-                    return Err(Error::new(Status::Cuda, format!("GPU returned {c} hits for k = {k}")));
+                    return Err(Error::new(Status::Cuda, format!("GPU returned {c} hits for k = {k} (candidate buffer overflow?)")));
                 }
                 out.push((0..c).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }).collect());
             }
         }
+        if self.batch_profile {
+            self.profile_batch(nq_all.min(nqt), tile, ntiles, t_start.elapsed())?;
+        }
+        Ok(())
+    }
+
+    /// Tuning aid (`KALOS_BATCH_PROFILE=1`): times the GEMMs of one query group alone, to set
+    /// against the whole batch's time.
+    fn profile_batch(&mut self, m: usize, tile: usize, ntiles: usize, whole: std::time::Duration) -> Result<()> {
+        let (d_q, d_scores) = {
+            let b = self.batch.as_ref().unwrap();
+            (b.d_q.ptr, b.d_scores.ptr)
+        };
+        let t0 = std::time::Instant::now();
+        for t in 0..ntiles {
+            let row0 = t * tile;
+            self.gemm_tile(d_q, d_scores, row0, (self.len - row0).min(tile), m)?;
+        }
+        self.sync_stream()?;
+        eprintln!(
+            "kalos batch profile: {m} queries x {} rows, {ntiles} tiles of {tile} rows: whole search {:.3} ms, GEMMs alone {:.3} ms",
+            self.len,
+            whole.as_secs_f64() * 1e3,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
         Ok(())
     }
 

@@ -197,6 +197,11 @@ def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2):
             res = st.recall_batch(Q, k)
             for i in range(0, nq, 8):
                 check("%s/%s/batch/k=%d" % (tag, phase, k), ref, Q[i], res[i], k)
+        # batched path under a namespace filter (64 namespaces, ~6% of rows)
+        many = list(range(100, 164))
+        res = st.recall_batch(Q, 100, namespaces=many)
+        for i in range(0, nq, 8):
+            check("%s/%s/batch-ns64/k=100" % (tag, phase), ref, Q[i], res[i], 100, mask=np.isin(ref.ns, many))
 
     round_("fresh")
     if mutate and n >= 2:

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one call, for the H200 machine (see docs/GPU.md).
-# Expects, next to this script: libkalos.so (release build), kalos_ct.py, correctness.py,
-# bench.py, and optionally c_harness (the multi-process C harness from tests/c/).
+# Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
+# build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
+# (the multi-process C harness from tests/c/).
 # Usage: bash run.sh [correctness|bench|harness]...   (default: all). Logs go to $OUT.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
 export PYTHONUNBUFFERED=1
-export KALOS_LIB="$HERE/libkalos.so"
+export KALOS_LIB="$HERE/libkalos.so" KALOS_LIBRARY="$HERE/libkalos.so"
+export PYTHONPATH="$HERE/python${PYTHONPATH:+:$PYTHONPATH}"   # the kalos package (stage.sh)
+export KALOS_COMMIT="$(cat "$HERE/COMMIT" 2>/dev/null | tr '\n' ' ')"
 export KALOS_CUDA_REPORT=1
 WHAT="${*:-correctness bench harness}"
 cd "$HERE"

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Tuning sweep on the H200 (same files as run.sh): single-query grid shape and load flavour.
+# Tuning sweep on the H200 (same files as run.sh, staged by stage.sh): how a single query reaches
+# the GPU (KALOS_SQ_MODE) and the batch path's score-tile size (KALOS_TILE_MB). No torch peer
+# here (run.sh measures it); the batch lines include the GEMM-alone time (KALOS_BATCH_PROFILE).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"; cd "$HERE"
-OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 KALOS_LIB="$HERE/libkalos.so" KALOS_CUDA_REPORT=1
-export BENCH_ONLY="10k x 128 f32,100k x 768 f16,1M x 768 f16" BENCH_NREQ=1000
-for cfg in "A default|" "B grid3|KALOS_GRID_PER_SM=3" "C ldna|KALOS_NVRTC_EXTRA=-DLDNA=1" "D grid3+ldna+rows256|KALOS_GRID_PER_SM=3 KALOS_NVRTC_EXTRA=-DLDNA=1 KALOS_MIN_ROWS=256"; do
-  name="${cfg%%|*}"; envs="${cfg#*|}"
-  echo "== $name ($envs)"
-  env $envs timeout 100 python3 bench.py > "$OUT/tune-${name%% *}.log" 2>&1
-  grep -E "^(10k|100k|1M) .*(kalos p50|batch)" "$OUT/tune-${name%% *}.log" | cut -c1-150
-  grep "round trips" "$OUT/tune-${name%% *}.log" | sed 's/.*p50/gpu p50/' | head -3
+OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1 KALOS_LIB="$HERE/libkalos.so" KALOS_LIBRARY="$HERE/libkalos.so" KALOS_CUDA_REPORT=1
+export PYTHONPATH="$HERE/python" BENCH_NREQ=${BENCH_NREQ:-1000} BENCH_NO_TORCH=1 KALOS_BATCH_PROFILE=1
+run() {  # name, env..., BENCH_ONLY value last
+  local name="$1"; shift
+  echo "== $name ($*)"
+  env "$@" timeout ${T_TUNE:-150} python3 bench.py > "$OUT/tune-$name.log" 2>&1
+  grep -E "kalos p50|batch [0-9]+:|batch profile|^ERROR" "$OUT/tune-$name.log" | cut -c1-190
+  grep "round trips" "$OUT/tune-$name.log" | sed 's/.*round trips[^:]*:/  gpu:/' | head -4
+}
+for mode in ${MODES:-graph launch copy}; do
+  run "sq-$mode" KALOS_SQ_MODE=$mode "BENCH_ONLY=10k x 128 f32,100k x 768 f16"
+done
+for mb in ${TILES:-24 48 96}; do
+  run "tile-$mb" KALOS_TILE_MB=$mb "BENCH_ONLY=1M x 768 f16"
 done

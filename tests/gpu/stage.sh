@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds what the H200 machine needs and stages it in .gpu/ (git-ignored), which the device
+# tool carries over: libkalos.so, the C harness, the GPU scripts and the Python package.
+# Then, on the device:  bash .gpu/run.sh [correctness|bench|harness]...   or  bash .gpu/tune.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cargo build --release
+mkdir -p tests/c/build
+gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -Ltarget/release -lkalos \
+  -Wl,-rpath,'$ORIGIN' -lm -o tests/c/build/harness_gpu
+rm -rf .gpu && mkdir -p .gpu/python
+cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh .gpu/
+cp tests/c/build/harness_gpu .gpu/c_harness
+cp -r bindings/python/kalos .gpu/python/
+find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
+git rev-parse --short HEAD > .gpu/COMMIT
+git diff --quiet HEAD -- src kernels tests/gpu || echo "+dirty" >> .gpu/COMMIT
+du -sh .gpu
