@@ -132,6 +132,20 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return s;
 }
 
+// Phase timestamps of the single-query kernel (PROF=1, KALOS_PROF=1 on the host: a tuning aid):
+// u64 stamps written after the results in the mapped output buffer, at PROF_OFF.
+#ifndef PROF
+#define PROF 0
+#endif
+#define PROF_OFF (8 + KMAX * 12)
+__device__ __forceinline__ void stamp(unsigned char* out, int i) {
+#if PROF
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    ((volatile u64*)(out + PROF_OFF))[i] = t;
+#endif
+}
+
 // Table rows are read once per query: they bypass L1 allocation (LDNA=0 gives a plain __ldg;
 // the two measured the same on the H200, LDNA=1 is the configuration the benchmark ran).
 #ifndef LDNA
@@ -466,6 +480,9 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
 
 #define WK 32
 #define FULLMASK 0xffffffffu
+#ifndef SEL_RADIX
+#define SEL_RADIX 0  // 1: radix select for every k (comparison runs only)
+#endif
 
 // (ka, row ra) ranks before (kb, row rb). Key 0 (filtered out / empty) never ranks before
 // anything; equal keys are ordered by id, which is read only for such (rare) ties.
@@ -518,17 +535,36 @@ __device__ __forceinline__ void warp_insert(u32& lk, u32& lr, u32 ck, u32 cr, u3
     for (int stride = 16; stride > 0; stride >>= 1) cmp_swap(lk, lr, lane, stride, true, ids);
 }
 
-// Every warp hands its list to warp 0, which merges them; the block's top k ends in warp 0's
-// lanes 0..k-1. `wk`/`wr`: NT shared entries. Must be reached by every thread.
-__device__ __forceinline__ void block_combine(u32& lk, u32& lr, u32 k, const u64* ids, u32* wk, u32* wr) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// The block's top k from the warps' lists, without a serial merge: every valid entry of every
+// warp's first k counts the entries of the other lists that rank before it (a binary search in
+// each sorted list) and so knows its place in the block's order; those placed before k are
+// written there. The result ends in warp 0's lanes 0..k-1 (sorted, empty entries (0, 0)).
+// `wk`: 2*NT + 64 shared u32. Must be reached by every thread.
+__device__ __forceinline__ void block_combine(u32& lk, u32& lr, u32 k, const u64* ids, u32* wk) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    u32* wr = wk + NT;
+    u32* ok_ = wk + 2 * NT;  // merged keys [32], rows [32]
     __syncthreads();
-    wk[threadIdx.x] = (u32)lane < k ? lk : 0u;
-    wr[threadIdx.x] = lr;
+    wk[t] = (u32)lane < k ? lk : 0u;
+    wr[t] = lr;
+    if (t < 32) { ok_[t] = 0u; ok_[32 + t] = 0u; }
     __syncthreads();
-    if (warp == 0) {
-        for (int w = 1; w < NT / 32; w++) warp_insert(lk, lr, wk[w * 32 + lane], wr[w * 32 + lane], k, ids);
+    if ((u32)lane < k && lk != 0u) {
+        u32 rank = (u32)lane;
+        for (int w = 0; w < NT / 32; w++) {
+            if (w == warp) continue;
+            u32 lo = 0, hi = k;
+            while (lo < hi) {
+                const u32 mid = (lo + hi) >> 1;
+                if (better(wk[w * 32 + mid], wr[w * 32 + mid], lk, lr, ids)) lo = mid + 1;
+                else hi = mid;
+            }
+            rank += lo;
+        }
+        if (rank < k) { ok_[rank] = lk; ok_[32 + rank] = lr; }
     }
+    __syncthreads();
+    if (warp == 0) { lk = ok_[lane]; lr = ok_[32 + lane]; }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,6 +598,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
                                                u32* cand_row, u32* cand_cnt, u32* ticket, unsigned char* out,
                                                unsigned char* smem, SelShared& S, const u64* sns) {
     const int t = threadIdx.x;
+    if (PROF && blockIdx.x == 0 && t == 0) stamp(out, 0);
     u32* keys = (u32*)smem;
 #if !QREG
     float* qs = (float*)(smem + SMEM_MAIN);
@@ -648,12 +685,13 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
         }
     }
     __syncthreads();
+    if (PROF && b == 0 && t == 0) stamp(out, 1);
 
     const u32 k = P.k;
     const int wl = t & 31;
     u32* mkey = (u32*)smem;
     u32* mrow = mkey + MCAP;
-    if (k <= WK) {
+    if (k <= WK && !SEL_RADIX) {
         // Block's own top k by warp selection -> candidate list b (sorted, best first).
         u32 lk = 0u, lr = 0u;
         const u32 m = r1 - r0;
@@ -662,8 +700,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             warp_insert(lk, lr, i < m ? keys[i] : 0u, r0 + i, k, T.ids);
         }
         // keys[] is dead now; the combine area sits after the merge input (MCAP*8 bytes).
-        u32* wk = (u32*)(smem + MCAP * 8);
-        block_combine(lk, lr, k, T.ids, wk, wk + NT);
+        block_combine(lk, lr, k, T.ids, (u32*)(smem + MCAP * 8));
         if (t < 32) {
             const bool ok = (u32)wl < k && lk != 0u;
             const u32 c = __popc(__ballot_sync(FULLMASK, ok));
@@ -683,47 +720,61 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     // The last block to finish merges everything.
     __threadfence();
     __syncthreads();
+    if (PROF && b == 0 && t == 0) stamp(out, 2);
     if (t == 0) S.last = (atomicAdd(ticket, 1u) == P.grid - 1) ? 1u : 0u;
     __syncthreads();
     if (!S.last) return;
+    if (PROF && t == 0) stamp(out, 3);
     __threadfence();
     if (t == 0) *ticket = 0u;  // ready for the next replay
     u64* out_ids = (u64*)(out + 8);
     float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
-    if (k <= WK) {
-        // Candidates in rounds of MCAP entries loaded into shared memory by the whole block (one
-        // parallel pass of independent loads), then warp-selected; warp 0 merges the warps.
-        u32 lk = 0u, lr = 0u;
-        const u32 m = P.grid * k;
-        for (u32 base0 = 0; base0 < m; base0 += MCAP) {
-            const u32 mm = min((u32)MCAP, m - base0);
-            for (u32 i = t; i < mm; i += NT) {
-                const u32 g = base0 + i, bl = g / k, j = g - bl * k;
-                const bool v = j < __ldcg(cand_cnt + bl);
-                mkey[i] = v ? __ldcg(cand_key + g) : 0u;
-                mrow[i] = v ? __ldcg(cand_row + g) : 0u;
+    if (k <= WK && !SEL_RADIX) {
+        // Every block's list is sorted, so a full list's k-th key bounds the final k-th key from
+        // below: only candidates at or above the largest such bound can be in the answer. They
+        // are few; each finds its rank among them by counting the ones ranking before it.
+        if (t == 0) { S.prefix = 0u; S.cnt = 0u; }
+        __syncthreads();
+        const u32 grid = P.grid;
+        u32 bound = 0u;
+        for (u32 bl = t; bl < grid; bl += NT)
+            if (__ldcg(cand_cnt + bl) == k) bound = max(bound, __ldcg(cand_key + (size_t)bl * k + k - 1));
+        atomicMax(&S.prefix, bound);
+        __syncthreads();
+        const u32 thr = S.prefix;
+        for (u32 i = t; i < grid * k; i += NT) {
+            const u32 bl = i / k, j = i - bl * k;
+            if (j < __ldcg(cand_cnt + bl)) {
+                const u32 kk = __ldcg(cand_key + i);
+                if (kk >= thr) {
+                    const u32 p = atomicAdd(&S.cnt, 1u);
+                    if (p < MCAP) { mkey[p] = kk; mrow[p] = __ldcg(cand_row + i); }
+                }
             }
-            __syncthreads();
-            for (u32 base = (u32)(t & ~31); base < mm; base += NT) {
-                const u32 i = base + wl;
-                warp_insert(lk, lr, i < mm ? mkey[i] : 0u, i < mm ? mrow[i] : 0u, k, T.ids);
-            }
-            __syncthreads();
         }
-        u32* wk = (u32*)(smem + MCAP * 8);
-        block_combine(lk, lr, k, T.ids, wk, wk + NT);
-        if (t < 32) {
-            const bool ok = (u32)wl < k && lk != 0u;
-            const u32 c = __popc(__ballot_sync(FULLMASK, ok));
-            if (ok) {
-                out_ids[wl] = T.ids[lr];
-                float s = key2f(lk);
+        __syncthreads();
+        const u32 s = S.cnt;
+        if (s <= NT) {
+            if ((u32)t < s) {
+                const u32 mk = mkey[t], mr = mrow[t];
+                u32 rank = 0;
+                for (u32 j = 0; j < s; j++) rank += better(mkey[j], mrow[j], mk, mr, T.ids) ? 1u : 0u;
+                if (rank < k) {
+                    out_ids[rank] = T.ids[mr];
+                    float sc = key2f(mk);
 #if METRIC == 2
-                s = -s;
+                    sc = -sc;
 #endif
-                out_scores[wl] = s;
+                    out_scores[rank] = sc;
+                }
             }
-            if (wl == 0) *(u32*)out = c;
+            if (t == 0) *(u32*)out = min(s, k);
+        } else {  // many ties at the bound: the general merge
+            u32* skey = (u32*)(smem + MCAP * 8);
+            u32* srow = skey + KMAX;
+            u64* sid = (u64*)(srow + KMAX);
+            u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
+            sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
         }
     } else {
         u32* skey = (u32*)(smem + MCAP * 8);
@@ -734,6 +785,8 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     }
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
+    __syncthreads();
+    if (PROF && t == 0) stamp(out, 4);
     __threadfence_system();
     __syncthreads();
     if (t == 0) *(volatile u32*)(out + 4) = P.seq;

@@ -38,6 +38,8 @@ const PARAMS_BYTES: usize = 640;
 /// Dynamic shared memory before the query copy (SMEM_MAIN in the kernel).
 const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
 const NONE_U32: u32 = u32::MAX;
+/// Offset of the kernel's phase timestamps in the output buffer (PROF_OFF in the kernel).
+const PROF_OFF: usize = 8 + KMAX * 12;
 const FLAG_EXPIRY: u32 = 1;
 const FLAG_RECENCY: u32 = 2;
 /// Largest dimension the GPU engine takes (the query must fit in shared memory).
@@ -410,6 +412,8 @@ pub struct CudaEngine {
     seq: u32,
     /// GPU round trips (graph launch -> results published), ns, for the drop-time report.
     rtt: Vec<u32>,
+    /// KALOS_PROF=1: per request, the kernel's phase durations (ns) from its timestamps.
+    prof: Option<Vec<[u32; 4]>>,
     d_ckey: DevBuf,
     d_crow: DevBuf,
     d_ccnt: DevBuf,
@@ -496,7 +500,12 @@ impl CudaEngine {
         let dp = align_up(dim, vec);
         let arch = format!("sm_{}{}", cc.0, cc.1);
         let (_, src) = KERNELS[0];
-        let cubin = compile_cubin("topk", src, &nvrtc_options(&arch, dim, dtype, metric))?;
+        let mut nvopts = nvrtc_options(&arch, dim, dtype, metric);
+        let prof = std::env::var_os("KALOS_PROF").is_some();
+        if prof {
+            nvopts.push("-DPROF=1".into());
+        }
+        let cubin = compile_cubin("topk", src, &nvopts)?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(|e| Error::new(Status::Cuda, format!("loading the kernel CUBIN: {e:?}")))?;
@@ -571,7 +580,8 @@ impl CudaEngine {
             gen: 0,
             h_in: HostBuf::new(PARAMS_BYTES + dp * 4)?,
             d_in: DevBuf::new(PARAMS_BYTES + dp * 4, "query")?,
-            h_out: HostBuf::with_flags(8 + KMAX * 12, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
+            h_out: HostBuf::with_flags(PROF_OFF + 64, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
+            prof: if prof { Some(Vec::with_capacity(1 << 16)) } else { None },
             d_out: 0,
             seq: 0,
             rtt: Vec::with_capacity(1 << 16),
@@ -910,6 +920,13 @@ impl CudaEngine {
         if self.rtt.len() < self.rtt.capacity() {
             self.rtt.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
         }
+        if let Some(v) = self.prof.as_mut() {
+            // SAFETY: h_out holds PROF_OFF + 64 bytes; the kernel wrote 5 stamps before publishing.
+            let st: [u64; 5] = std::array::from_fn(|i| unsafe { std::ptr::read_volatile((self.h_out.ptr.add(PROF_OFF) as *const u64).add(i)) });
+            if v.len() < v.capacity() {
+                v.push(std::array::from_fn(|i| st[i + 1].saturating_sub(st[i]).min(u32::MAX as u64) as u32));
+            }
+        }
         let out = unsafe { std::slice::from_raw_parts(self.h_out.ptr as *const u8, 8 + 12 * k) };
         let count = u32::from_le_bytes(out[0..4].try_into().unwrap()) as usize;
         if count > k {
@@ -1054,7 +1071,10 @@ impl CudaEngine {
         let nq_all = req.nq;
         // Rows per tile and queries per group, so that the score tile stays ~tile_bytes and the
         // candidate buffers (high + k per filter block of a tile, per query) within CAND_BYTES.
-        let high = (2 * k).max(4096);
+        // A buffer past `high` entries is cut back to its top k, which also makes thr[q] the
+        // true k-th key of the rows seen so far: small, so the threshold tightens within the
+        // first few tiles and later filter blocks mostly append nothing.
+        let high = (4 * k).max(256);
         let mut nqt = nq_all.min(1024);
         let sizes = |nqt: usize| {
             let tile = (self.tile_bytes / (nqt * 4)).clamp(FCH, 1 << 22).min(align_up(n, FCH));
@@ -1088,7 +1108,13 @@ impl CudaEngine {
             unsafe {
                 let pb = std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>());
                 ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pb.as_ptr() as *const c_void, pb.len()))?;
-                ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
+                if qs.len() * 4 <= self.h_stage.bytes {
+                    // Through pinned memory: a pageable copy of a 3 MB batch costs ~1 ms.
+                    std::ptr::copy_nonoverlapping(qs.as_ptr() as *const u8, self.h_stage.ptr, qs.len() * 4);
+                    ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, self.h_stage.ptr as *const c_void, qs.len() * 4, self.stream))?;
+                } else {
+                    ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
+                }
                 ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
                 let mut a_src = d_qf32;
                 let mut a_m = m as u32;
@@ -1228,6 +1254,22 @@ impl Drop for CudaEngine {
                 v.len(),
                 v[v.len() / 2] as f64 / 1000.0,
                 v[(v.len() * 99) / 100] as f64 / 1000.0
+            );
+        }
+        if let Some(v) = self.prof.as_ref().filter(|v| !v.is_empty()) {
+            let p50 = |i: usize| {
+                let mut x: Vec<u32> = v.iter().map(|a| a[i]).collect();
+                x.sort_unstable();
+                x[x.len() / 2] as f64 / 1000.0
+            };
+            eprintln!(
+                "kalos cuda kernel phases ({}), p50 of {}: block-0 scan {:.1} us, block-0 select {:.1} us, wait for the last block {:.1} us, final merge {:.1} us",
+                self.describe(),
+                v.len(),
+                p50(0),
+                p50(1),
+                p50(2),
+                p50(3)
             );
         }
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {

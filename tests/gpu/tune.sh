@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tuning sweep on the H200 (same files as run.sh, staged by stage.sh): how a single query reaches
-# the GPU (KALOS_SQ_MODE) and the batch path's score-tile size (KALOS_TILE_MB). No torch peer
+# the GPU (KALOS_SQ_MODE), warp vs radix selection (SEL_RADIX), kernel phase times (KALOS_PROF)
+# and the batch path's score-tile size (KALOS_TILE_MB). CONFIGS="name|ENV=.. ENV=..|tables;...". No torch peer
 # here (run.sh measures it); the batch lines include the GEMM-alone time (KALOS_BATCH_PROFILE).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"; cd "$HERE"
@@ -11,12 +12,16 @@ run() {  # name, env..., BENCH_ONLY value last
   local name="$1"; shift
   echo "== $name ($*)"
   env "$@" timeout ${T_TUNE:-150} python3 bench.py > "$OUT/tune-$name.log" 2>&1
-  grep -E "kalos p50|batch [0-9]+:|batch profile|^ERROR" "$OUT/tune-$name.log" | cut -c1-190
+  grep -E "kalos p50|batch [0-9]+:|batch profile: 1024|kernel phases|^ERROR|Traceback|Error" "$OUT/tune-$name.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -12
   grep "round trips" "$OUT/tune-$name.log" | sed 's/.*round trips[^:]*:/  gpu:/' | head -4
 }
-for mode in ${MODES:-graph launch copy}; do
-  run "sq-$mode" KALOS_SQ_MODE=$mode "BENCH_ONLY=10k x 128 f32,100k x 768 f16"
-done
-for mb in ${TILES:-24 48 96}; do
-  run "tile-$mb" KALOS_TILE_MB=$mb "BENCH_ONLY=1M x 768 f16"
+S="10k x 128 f32,100k x 768 f16"; L="$S,1M x 768 f16"
+if [ -n "${CONFIGS:-}" ]; then :; else
+CONFIGS="warp-prof|KALOS_PROF=1|$L;radix-prof|KALOS_PROF=1 KALOS_NVRTC_EXTRA=-DSEL_RADIX=1 KALOS_TILE_MB=96|$L;copy|KALOS_SQ_MODE=copy|$S;launch|KALOS_SQ_MODE=launch|$S"
+fi
+IFS=';' read -ra CFG <<< "$CONFIGS"
+for c in "${CFG[@]}"; do
+  IFS='|' read -r name envs only <<< "$c"
+  # shellcheck disable=SC2086
+  run "$name" $envs "BENCH_ONLY=$only"
 done
