@@ -411,12 +411,24 @@ __device__ u32 merge_lists(const u32* ckey, const u32* crow, const u32* ccnt, u3
     if (m <= MCAP) {
         if (threadIdx.x == 0) S.cnt = 0;
         __syncthreads();
-        for (u32 i = threadIdx.x; i < m; i += NT) {
-            u32 b = i / k, j = i - b * k;
-            if (j < __ldcg(ccnt + b)) {
-                u32 p = atomicAdd(&S.cnt, 1u);
-                mkey[p] = __ldcg(ckey + i);
-                mrow[p] = __ldcg(crow + i);
+        for (u32 base = 0; base < m; base += NT * 4) {
+            u32 cn[4], kk[4], rr[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {  // independent loads first: one memory round trip
+                const u32 i = base + (u32)u * NT + threadIdx.x;
+                const bool in = i < m;
+                cn[u] = in ? __ldcg(ccnt + i / k) : 0u;
+                kk[u] = in ? __ldcg(ckey + i) : 0u;
+                rr[u] = in ? __ldcg(crow + i) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const u32 i = base + (u32)u * NT + threadIdx.x;
+                if (i < m && i % k < cn[u]) {
+                    u32 p = atomicAdd(&S.cnt, 1u);
+                    mkey[p] = kk[u];
+                    mrow[p] = rr[u];
+                }
             }
         }
         __syncthreads();
@@ -471,11 +483,12 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
 }
 
 // ---------------------------------------------------------------------------------------------
-// Warp-level selection for k <= 32 (the common case): each warp keeps its best 32 entries in
-// registers, lane i holding the i-th best (key desc, then id asc), empty entries (0, any row).
-// Candidates arrive 32 at a time (one per lane); a ballot against the k-th entry skips batches
-// with no contender, a few contenders are inserted one by one, many are bitonic-sorted and merged.
-// No block barrier is involved, unlike the radix select above.
+// Selection for k <= 32 (the common case) without radix passes: a lower bound of the k-th key
+// comes cheaply (the k-th largest of the threads' maxima, or of the blocks' k-th keys), the few
+// keys at or above it are compacted, and each of them finds its place by counting the ones that
+// rank before it (key desc, then id asc). When too many keys tie at the bound (more than NT
+// survivors) the caller falls back to the radix select above. Lists written this way are sorted
+// best first and padded with key 0 up to k.
 // ---------------------------------------------------------------------------------------------
 
 #define WK 32
@@ -490,81 +503,62 @@ __device__ __forceinline__ bool better(u32 ka, u32 ra, u32 kb, u32 rb, const u64
     return ka > kb || (ka == kb && ka != 0u && ids[ra] < ids[rb]);
 }
 
-__device__ __forceinline__ void cmp_swap(u32& mk, u32& mr, int lane, int stride, bool desc, const u64* ids) {
-    const u32 pk = __shfl_xor_sync(FULLMASK, mk, stride);
-    const u32 pr = __shfl_xor_sync(FULLMASK, mr, stride);
-    const bool lower = (lane & stride) == 0;
-    // The lower lane of a descending pair keeps the better entry, the upper one the worse.
-    const bool take = (lower == desc) ? better(pk, pr, mk, mr, ids) : better(mk, mr, pk, pr, ids);
-    if (take) { mk = pk; mr = pr; }
+// skey/srow[0..s) (s <= NT, shared): writes the best min(s, k) sorted into okey/orow and pads
+// with key 0 up to k.
+__device__ __forceinline__ void rank_write(const u32* skey, const u32* srow, u32 s, u32 k, const u64* ids, u32* okey,
+                                           u32* orow) {
+    const u32 t = threadIdx.x;
+    if (t < s) {
+        const u32 mk = skey[t], mr = srow[t];
+        u32 rank = 0;
+        for (u32 j = 0; j < s; j++) rank += better(skey[j], srow[j], mk, mr, ids) ? 1u : 0u;
+        if (rank < k) { okey[rank] = mk; orow[rank] = mr; }
+    }
+    for (u32 i = s + t; i < k; i += NT) { okey[i] = 0u; orow[i] = 0u; }
 }
 
-// Merges one candidate per lane (ck = 0: none) into the warp list (lk, lr); k <= 32.
-__device__ __forceinline__ void warp_insert(u32& lk, u32& lr, u32 ck, u32 cr, u32 k, const u64* ids) {
-    const int lane = threadIdx.x & 31;
-    const u32 tk = __shfl_sync(FULLMASK, lk, k - 1), tr = __shfl_sync(FULLMASK, lr, k - 1);
-    const bool pass = ck != 0u && better(ck, cr, tk, tr, ids);
-    u32 m = __ballot_sync(FULLMASK, pass);
-    if (m == 0u) return;
-    if (__popc(m) <= 3) {
-        while (m) {
-            const int src = __ffs(m) - 1;
-            m &= m - 1;
-            const u32 xk = __shfl_sync(FULLMASK, ck, src), xr = __shfl_sync(FULLMASK, cr, src);
-            const u32 t2k = __shfl_sync(FULLMASK, lk, k - 1), t2r = __shfl_sync(FULLMASK, lr, k - 1);
-            if (!better(xk, xr, t2k, t2r, ids)) continue;  // uniform: the list moved on
-            const u32 gt = __ballot_sync(FULLMASK, better(xk, xr, lk, lr, ids));
-            const int pos = __ffs(gt) - 1;  // first entry the candidate beats (<= k - 1)
-            const u32 uk = __shfl_up_sync(FULLMASK, lk, 1), ur = __shfl_up_sync(FULLMASK, lr, 1);
-            if (lane > pos) { lk = uk; lr = ur; }
-            if (lane == pos) { lk = xk; lr = xr; }
+// Block's top k (k <= WK) of keys[0..m) (shared; rows r0 + i) into okey/orow, sorted and padded;
+// returns the count. `scratch`: 3*NT shared u32 apart from keys.
+__device__ u32 block_topk_small(const u32* keys, u32 m, u32 r0, u32 k, const u64* ids, SelShared& S, u32* scratch,
+                                u32* okey, u32* orow) {
+    const u32 t = threadIdx.x;
+    u32* mx = scratch;
+    u32* skey = scratch + NT;
+    u32* srow = scratch + 2 * NT;
+    u32 best = 0u;
+    for (u32 i = t; i < m; i += NT) best = max(best, keys[i]);
+    mx[t] = best;
+    if (t == 0) { S.prefix = 0u; S.cnt = 0u; }
+    __syncthreads();
+    // The threads' maxima are distinct rows: the k-th largest of them bounds the k-th key.
+    if (best != 0u) {
+        u32 gt = 0, ge = 0;
+        for (u32 j = 0; j < NT; j++) {
+            const u32 x = mx[j];
+            gt += x > best ? 1u : 0u;
+            ge += x >= best ? 1u : 0u;
         }
-        return;
+        if (gt < k && ge >= k) S.prefix = best;  // every writer writes the same value
     }
-    if (!pass) { ck = 0u; cr = 0u; }
-#pragma unroll
-    for (int size = 2; size <= 32; size <<= 1) {
-#pragma unroll
-        for (int stride = size >> 1; stride > 0; stride >>= 1) cmp_swap(ck, cr, lane, stride, (lane & size) == 0, ids);
-    }
-    // Sorted list vs reversed sorted candidates: the better of each pair is the top 32 of both,
-    // as a bitonic sequence; a bitonic merge sorts it.
-    const u32 rk = __shfl_sync(FULLMASK, ck, 31 - lane), rr = __shfl_sync(FULLMASK, cr, 31 - lane);
-    if (better(rk, rr, lk, lr, ids)) { lk = rk; lr = rr; }
-#pragma unroll
-    for (int stride = 16; stride > 0; stride >>= 1) cmp_swap(lk, lr, lane, stride, true, ids);
-}
-
-// The block's top k from the warps' lists, without a serial merge: every valid entry of every
-// warp's first k counts the entries of the other lists that rank before it (a binary search in
-// each sorted list) and so knows its place in the block's order; those placed before k are
-// written there. The result ends in warp 0's lanes 0..k-1 (sorted, empty entries (0, 0)).
-// `wk`: 2*NT + 64 shared u32. Must be reached by every thread.
-__device__ __forceinline__ void block_combine(u32& lk, u32& lr, u32 k, const u64* ids, u32* wk) {
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    u32* wr = wk + NT;
-    u32* ok_ = wk + 2 * NT;  // merged keys [32], rows [32]
     __syncthreads();
-    wk[t] = (u32)lane < k ? lk : 0u;
-    wr[t] = lr;
-    if (t < 32) { ok_[t] = 0u; ok_[32 + t] = 0u; }
-    __syncthreads();
-    if ((u32)lane < k && lk != 0u) {
-        u32 rank = (u32)lane;
-        for (int w = 0; w < NT / 32; w++) {
-            if (w == warp) continue;
-            u32 lo = 0, hi = k;
-            while (lo < hi) {
-                const u32 mid = (lo + hi) >> 1;
-                if (better(wk[w * 32 + mid], wr[w * 32 + mid], lk, lr, ids)) lo = mid + 1;
-                else hi = mid;
-            }
-            rank += lo;
+    const u32 thr = S.prefix;
+    for (u32 i = t; i < m; i += NT) {
+        const u32 kk = keys[i];
+        if (kk != 0u && kk >= thr) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            if (p < NT) { skey[p] = kk; srow[p] = r0 + i; }
         }
-        if (rank < k) { ok_[rank] = lk; ok_[32 + rank] = lr; }
     }
     __syncthreads();
-    if (warp == 0) { lk = ok_[lane]; lr = ok_[32 + lane]; }
+    const u32 s = S.cnt;
+    if (s > NT) {  // ties at the bound: radix select, then sort its k into place
+        ChunkAcc ca{keys, r0, ids};
+        const u32 c = select_to(ca, m, k, S, skey, srow);
+        rank_write(skey, srow, c, k, ids, okey, orow);
+        return c;
+    }
+    rank_write(skey, srow, s, k, ids, okey, orow);
+    return min(s, k);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -688,28 +682,13 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (PROF && b == 0 && t == 0) stamp(out, 1);
 
     const u32 k = P.k;
-    const int wl = t & 31;
     u32* mkey = (u32*)smem;
     u32* mrow = mkey + MCAP;
     if (k <= WK && !SEL_RADIX) {
-        // Block's own top k by warp selection -> candidate list b (sorted, best first).
-        u32 lk = 0u, lr = 0u;
-        const u32 m = r1 - r0;
-        for (u32 base = (u32)(t & ~31); base < m; base += NT) {
-            const u32 i = base + wl;
-            warp_insert(lk, lr, i < m ? keys[i] : 0u, r0 + i, k, T.ids);
-        }
-        // keys[] is dead now; the combine area sits after the merge input (MCAP*8 bytes).
-        block_combine(lk, lr, k, T.ids, (u32*)(smem + MCAP * 8));
-        if (t < 32) {
-            const bool ok = (u32)wl < k && lk != 0u;
-            const u32 c = __popc(__ballot_sync(FULLMASK, ok));
-            if (ok) {
-                cand_key[(size_t)b * k + wl] = lk;
-                cand_row[(size_t)b * k + wl] = lr;
-            }
-            if (wl == 0) cand_cnt[b] = c;
-        }
+        // Block's own top k -> candidate list b (sorted, padded with key 0 to k).
+        const u32 c = block_topk_small(keys, r1 - r0, r0, k, T.ids, S, (u32*)(smem + MCAP * 8),
+                                       cand_key + (size_t)b * k, cand_row + (size_t)b * k);
+        if (t == 0) cand_cnt[b] = c;
     } else {
         // Block's own top k by radix select -> candidate list b.
         ChunkAcc ca{keys, r0, T.ids};
@@ -737,18 +716,23 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
         __syncthreads();
         const u32 grid = P.grid;
         u32 bound = 0u;
-        for (u32 bl = t; bl < grid; bl += NT)
-            if (__ldcg(cand_cnt + bl) == k) bound = max(bound, __ldcg(cand_key + (size_t)bl * k + k - 1));
+        // Lists are padded with key 0: a list's k-th key is 0 unless it is full.
+        for (u32 bl = t; bl < grid; bl += NT) bound = max(bound, __ldcg(cand_key + (size_t)bl * k + k - 1));
         atomicMax(&S.prefix, bound);
         __syncthreads();
-        const u32 thr = S.prefix;
-        for (u32 i = t; i < grid * k; i += NT) {
-            const u32 bl = i / k, j = i - bl * k;
-            if (j < __ldcg(cand_cnt + bl)) {
-                const u32 kk = __ldcg(cand_key + i);
-                if (kk >= thr) {
+        const u32 thr = S.prefix, m = grid * k;
+        for (u32 base = 0; base < m; base += NT * 8) {
+            u32 kk[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {  // independent loads first: one memory round trip
+                const u32 i = base + (u32)u * NT + t;
+                kk[u] = i < m ? __ldcg(cand_key + i) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (kk[u] != 0u && kk[u] >= thr) {
                     const u32 p = atomicAdd(&S.cnt, 1u);
-                    if (p < MCAP) { mkey[p] = kk; mrow[p] = __ldcg(cand_row + i); }
+                    if (p < MCAP) { mkey[p] = kk[u]; mrow[p] = __ldcg(cand_row + base + (u32)u * NT + t); }
                 }
             }
         }
@@ -824,7 +808,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table 
     const int t = threadIdx.x;
     float* qs = (float*)(smem + SMEM_MAIN);
     for (int i = t; i < DP; i += NT) qs[i] = a.q[i];
-    if (t == 0) P = a.p;
+    for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) ((u32*)&P)[i] = ((const u32*)&a.p)[i];
     if (a.p.nns != NONE_U32)
         for (u32 i = t; i < a.p.nns && i < MAXNS; i += NT) sns[i] = a.p.ns[i];
     __syncthreads();
@@ -892,10 +876,18 @@ extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned cha
     const float* col = scores + (size_t)q * ld;
     u32* ckey = (u32*)smem;  // survivors, compacted
     u32* crow = ckey + FCH;
-    for (u32 base = l0 + (u32)(t & ~31); base < l1; base += NT) {  // uniform per warp
-        const u32 i = base + lane;
+    for (u32 base0 = l0 + (u32)(t & ~31); base0 < l1; base0 += NT * 16) {  // uniform per warp
+        float sc[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {  // independent loads first: one memory round trip
+            const u32 i = base0 + (u32)u * NT + lane;
+            sc[u] = i < l1 ? col[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+        const u32 i = base0 + (u32)u * NT + lane;
         u32 kk = 0u;
-        if (i < l1) kk = make_key(col[i], qn, row0 + i, P, T, sns);
+        if (i < l1) kk = make_key(sc[u], qn, row0 + i, P, T, sns);
         const bool keep = kk != 0u && kk >= lb;
         const u32 m = __ballot_sync(FULLMASK, keep);
         if (m) {
@@ -903,6 +895,7 @@ extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned cha
             if (lane == __ffs(m) - 1) pos = atomicAdd(&nsurv, (u32)__popc(m));
             pos = __shfl_sync(FULLMASK, pos, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1u));
             if (keep) { ckey[pos] = kk; crow[pos] = row0 + i; }
+        }
         }
     }
     __syncthreads();
@@ -932,8 +925,7 @@ extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned cha
 // With final != 0 (batch_final): always select, then sort and write q's results.
 __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const Table& T, u32* bkey, u32* brow,
                                                  u32* bcnt, u32 cap, u32 high, u32* thr, bool final, u64* out_ids,
-                                                 float* out_scores, u32* out_counts) {
-    extern __shared__ __align__(16) unsigned char smem[];
+                                                 float* out_scores, u32* out_counts, unsigned char* smem) {
     __shared__ SelShared S;
     const Params* P = (const Params*)in;
     const u32 q = blockIdx.x, k = P->k, t = threadIdx.x;
@@ -979,13 +971,15 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
 
 extern "C" __global__ void __launch_bounds__(NT) batch_tighten(const unsigned char* __restrict__ in, Table T, u32* bkey,
                                                                u32* brow, u32* bcnt, u32 cap, u32 high, u32* thr) {
-    tighten_or_final(in, T, bkey, brow, bcnt, cap, high, thr, false, nullptr, nullptr, nullptr);
+    extern __shared__ __align__(16) unsigned char smem[];
+    tighten_or_final(in, T, bkey, brow, bcnt, cap, high, thr, false, nullptr, nullptr, nullptr, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) batch_final(const unsigned char* __restrict__ in, Table T, u32* bkey,
                                                              u32* brow, u32* bcnt, u32 cap, u64* out_ids,
                                                              float* out_scores, u32* out_counts) {
-    tighten_or_final(in, T, bkey, brow, bcnt, cap, 0, nullptr, true, out_ids, out_scores, out_counts);
+    extern __shared__ __align__(16) unsigned char smem[];
+    tighten_or_final(in, T, bkey, brow, bcnt, cap, 0, nullptr, true, out_ids, out_scores, out_counts, smem);
 }
 
 // ---------------------------------------------------------------------------------------------
