@@ -482,84 +482,7 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
     if (t == 0) *out_count = c;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Selection for k <= 32 (the common case) without radix passes: a lower bound of the k-th key
-// comes cheaply (the k-th largest of the threads' maxima, or of the blocks' k-th keys), the few
-// keys at or above it are compacted, and each of them finds its place by counting the ones that
-// rank before it (key desc, then id asc). When too many keys tie at the bound (more than NT
-// survivors) the caller falls back to the radix select above. Lists written this way are sorted
-// best first and padded with key 0 up to k.
-// ---------------------------------------------------------------------------------------------
-
-#define WK 32
 #define FULLMASK 0xffffffffu
-#ifndef SEL_RADIX
-#define SEL_RADIX 0  // 1: radix select for every k (comparison runs only)
-#endif
-
-// (ka, row ra) ranks before (kb, row rb). Key 0 (filtered out / empty) never ranks before
-// anything; equal keys are ordered by id, which is read only for such (rare) ties.
-__device__ __forceinline__ bool better(u32 ka, u32 ra, u32 kb, u32 rb, const u64* ids) {
-    return ka > kb || (ka == kb && ka != 0u && ids[ra] < ids[rb]);
-}
-
-// skey/srow[0..s) (s <= NT, shared): writes the best min(s, k) sorted into okey/orow and pads
-// with key 0 up to k.
-__device__ __forceinline__ void rank_write(const u32* skey, const u32* srow, u32 s, u32 k, const u64* ids, u32* okey,
-                                           u32* orow) {
-    const u32 t = threadIdx.x;
-    if (t < s) {
-        const u32 mk = skey[t], mr = srow[t];
-        u32 rank = 0;
-        for (u32 j = 0; j < s; j++) rank += better(skey[j], srow[j], mk, mr, ids) ? 1u : 0u;
-        if (rank < k) { okey[rank] = mk; orow[rank] = mr; }
-    }
-    for (u32 i = s + t; i < k; i += NT) { okey[i] = 0u; orow[i] = 0u; }
-}
-
-// Block's top k (k <= WK) of keys[0..m) (shared; rows r0 + i) into okey/orow, sorted and padded;
-// returns the count. `scratch`: 3*NT shared u32 apart from keys.
-__device__ u32 block_topk_small(const u32* keys, u32 m, u32 r0, u32 k, const u64* ids, SelShared& S, u32* scratch,
-                                u32* okey, u32* orow) {
-    const u32 t = threadIdx.x;
-    u32* mx = scratch;
-    u32* skey = scratch + NT;
-    u32* srow = scratch + 2 * NT;
-    u32 best = 0u;
-    for (u32 i = t; i < m; i += NT) best = max(best, keys[i]);
-    mx[t] = best;
-    if (t == 0) { S.prefix = 0u; S.cnt = 0u; }
-    __syncthreads();
-    // The threads' maxima are distinct rows: the k-th largest of them bounds the k-th key.
-    if (best != 0u) {
-        u32 gt = 0, ge = 0;
-        for (u32 j = 0; j < NT; j++) {
-            const u32 x = mx[j];
-            gt += x > best ? 1u : 0u;
-            ge += x >= best ? 1u : 0u;
-        }
-        if (gt < k && ge >= k) S.prefix = best;  // every writer writes the same value
-    }
-    __syncthreads();
-    const u32 thr = S.prefix;
-    for (u32 i = t; i < m; i += NT) {
-        const u32 kk = keys[i];
-        if (kk != 0u && kk >= thr) {
-            const u32 p = atomicAdd(&S.cnt, 1u);
-            if (p < NT) { skey[p] = kk; srow[p] = r0 + i; }
-        }
-    }
-    __syncthreads();
-    const u32 s = S.cnt;
-    if (s > NT) {  // ties at the bound: radix select, then sort its k into place
-        ChunkAcc ca{keys, r0, ids};
-        const u32 c = select_to(ca, m, k, S, skey, srow);
-        rank_write(skey, srow, c, k, ids, okey, orow);
-        return c;
-    }
-    rank_write(skey, srow, s, k, ids, okey, orow);
-    return min(s, k);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Single query: fused scan + top-k, one launch.
@@ -684,17 +607,10 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     const u32 k = P.k;
     u32* mkey = (u32*)smem;
     u32* mrow = mkey + MCAP;
-    if (k <= WK && !SEL_RADIX) {
-        // Block's own top k -> candidate list b (sorted, padded with key 0 to k).
-        const u32 c = block_topk_small(keys, r1 - r0, r0, k, T.ids, S, (u32*)(smem + MCAP * 8),
-                                       cand_key + (size_t)b * k, cand_row + (size_t)b * k);
-        if (t == 0) cand_cnt[b] = c;
-    } else {
-        // Block's own top k by radix select -> candidate list b.
-        ChunkAcc ca{keys, r0, T.ids};
-        select_to(ca, r1 - r0, k, S, cand_key + (size_t)b * k, cand_row + (size_t)b * k);
-        if (t == 0) cand_cnt[b] = S.cnt;
-    }
+    // Block's own top k by radix select -> candidate list b.
+    ChunkAcc ca{keys, r0, T.ids};
+    select_to(ca, r1 - r0, k, S, cand_key + (size_t)b * k, cand_row + (size_t)b * k);
+    if (t == 0) cand_cnt[b] = S.cnt;
 
     // The last block to finish merges everything.
     __threadfence();
@@ -708,65 +624,11 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (t == 0) *ticket = 0u;  // ready for the next replay
     u64* out_ids = (u64*)(out + 8);
     float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
-    if (k <= WK && !SEL_RADIX) {
-        // Every block's list is sorted, so a full list's k-th key bounds the final k-th key from
-        // below: only candidates at or above the largest such bound can be in the answer. They
-        // are few; each finds its rank among them by counting the ones ranking before it.
-        if (t == 0) { S.prefix = 0u; S.cnt = 0u; }
-        __syncthreads();
-        const u32 grid = P.grid;
-        u32 bound = 0u;
-        // Lists are padded with key 0: a list's k-th key is 0 unless it is full.
-        for (u32 bl = t; bl < grid; bl += NT) bound = max(bound, __ldcg(cand_key + (size_t)bl * k + k - 1));
-        atomicMax(&S.prefix, bound);
-        __syncthreads();
-        const u32 thr = S.prefix, m = grid * k;
-        for (u32 base = 0; base < m; base += NT * 8) {
-            u32 kk[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {  // independent loads first: one memory round trip
-                const u32 i = base + (u32)u * NT + t;
-                kk[u] = i < m ? __ldcg(cand_key + i) : 0u;
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                if (kk[u] != 0u && kk[u] >= thr) {
-                    const u32 p = atomicAdd(&S.cnt, 1u);
-                    if (p < MCAP) { mkey[p] = kk[u]; mrow[p] = __ldcg(cand_row + base + (u32)u * NT + t); }
-                }
-            }
-        }
-        __syncthreads();
-        const u32 s = S.cnt;
-        if (s <= NT) {
-            if ((u32)t < s) {
-                const u32 mk = mkey[t], mr = mrow[t];
-                u32 rank = 0;
-                for (u32 j = 0; j < s; j++) rank += better(mkey[j], mrow[j], mk, mr, T.ids) ? 1u : 0u;
-                if (rank < k) {
-                    out_ids[rank] = T.ids[mr];
-                    float sc = key2f(mk);
-#if METRIC == 2
-                    sc = -sc;
-#endif
-                    out_scores[rank] = sc;
-                }
-            }
-            if (t == 0) *(u32*)out = min(s, k);
-        } else {  // many ties at the bound: the general merge
-            u32* skey = (u32*)(smem + MCAP * 8);
-            u32* srow = skey + KMAX;
-            u64* sid = (u64*)(srow + KMAX);
-            u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
-            sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
-        }
-    } else {
-        u32* skey = (u32*)(smem + MCAP * 8);
-        u32* srow = skey + KMAX;
-        u64* sid = (u64*)(srow + KMAX);
-        u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
-        sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
-    }
+    u32* skey = (u32*)(smem + MCAP * 8);
+    u32* srow = skey + KMAX;
+    u64* sid = (u64*)(srow + KMAX);
+    u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
+    sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __syncthreads();

@@ -44,9 +44,10 @@ const FLAG_EXPIRY: u32 = 1;
 const FLAG_RECENCY: u32 = 2;
 /// Largest dimension the GPU engine takes (the query must fit in shared memory).
 pub(crate) const MAX_GPU_DIM: usize = 8192;
-/// Bytes of GEMM score tile per batch step (small enough to stay in the 50 MB L2 between the
-/// GEMM that writes it and the filter that reads it); `KALOS_TILE_MB` overrides (tuning).
-const SCORE_TILE_BYTES: usize = 48 << 20;
+/// Bytes of GEMM score tile per batch step; `KALOS_TILE_MB` overrides (tuning). 96 MB beat 24
+/// and 48 MB on the H200 (docs/benchmarks/gpu.md): larger GEMMs run faster than the L2 reuse
+/// of a smaller tile saves.
+const SCORE_TILE_BYTES: usize = 96 << 20;
 /// Candidate-buffer budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
 /// Rows per batch_filter block (FCH in the kernel).
@@ -200,8 +201,6 @@ enum SqMode {
     /// A one-node graph whose kernel takes params + query by value; each request updates the
     /// node's arguments and replays the graph (default when the argument fits in 4 KiB).
     Graph,
-    /// The same kernel launched directly with the by-value argument (no graph).
-    Launch,
     /// A graph of two nodes: a copy of params + query from pinned memory, then the kernel
     /// (dims whose argument would exceed 4 KiB).
     Copy,
@@ -517,7 +516,6 @@ impl CudaEngine {
         let f_scan_v = if PARAMS_BYTES + dp * 4 <= MAX_ARG_BYTES { Some(getf("scan_topk_v")?) } else { None };
         let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {
             (_, None) | (Ok("copy"), _) => SqMode::Copy,
-            (Ok("launch"), _) => SqMode::Launch,
             _ => SqMode::Graph,
         };
         let f_filter = getf("batch_filter")?;
@@ -867,13 +865,10 @@ impl CudaEngine {
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
-        if self.sq_mode != SqMode::Launch {
-            let stale = self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen);
-            if stale {
-                self.graphs.remove(&grid);
-                let g = self.build_graph(grid)?;
-                self.graphs.insert(grid, (self.gen, g));
-            }
+        if self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
+            self.graphs.remove(&grid);
+            let g = self.build_graph(grid)?;
+            self.graphs.insert(grid, (self.gen, g));
         }
         let mut p = self.fill_params(req, store, n, k, grid, chunk);
         if self.metric == Metric::L2 {
@@ -900,10 +895,6 @@ impl CudaEngine {
         let (mut tab, mut tail) = self.scan_tail();
         let mut args = scan_arg_ptrs(self.h_in.ptr as *mut c_void, &mut tab, &mut tail);
         match self.sq_mode {
-            SqMode::Launch => {
-                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
-                ck("launch scan_topk_v", unsafe { sys::cuLaunchKernel(f, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()) })?;
-            }
             SqMode::Graph => {
                 let g = &self.graphs.get(&grid).unwrap().1;
                 let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tuning sweep on the H200 (same files as run.sh, staged by stage.sh): how a single query reaches
-# the GPU (KALOS_SQ_MODE), warp vs radix selection (SEL_RADIX), kernel phase times (KALOS_PROF)
+# the GPU (KALOS_SQ_MODE), kernel phase times (KALOS_PROF)
 # and the batch path's score-tile size (KALOS_TILE_MB). CONFIGS="name|ENV=.. ENV=..|tables;...". No torch peer
 # here (run.sh measures it); the batch lines include the GEMM-alone time (KALOS_BATCH_PROFILE).
 set -u
@@ -17,7 +17,7 @@ run() {  # name, env..., BENCH_ONLY value last
 }
 S="10k x 128 f32,100k x 768 f16"; L="$S,1M x 768 f16"
 if [ -n "${CONFIGS:-}" ]; then :; else
-CONFIGS="warp-prof|KALOS_PROF=1|$L;radix-prof|KALOS_PROF=1 KALOS_NVRTC_EXTRA=-DSEL_RADIX=1 KALOS_TILE_MB=96|$L;copy|KALOS_SQ_MODE=copy|$S;launch|KALOS_SQ_MODE=launch|$S"
+CONFIGS="prof|KALOS_PROF=1|$L;copy|KALOS_SQ_MODE=copy|$S;tile48|KALOS_TILE_MB=48|1M x 768 f16"
 fi
 IFS=';' read -ra CFG <<< "$CONFIGS"
 for c in "${CFG[@]}"; do
