@@ -1,6 +1,8 @@
-//! CUDA engine: the table mirrored in GPU memory (f32, f16 or bf16), exact top-k by a fused scan
-//! + radix-select kernel replayed as a CUDA graph for single queries, and by cuBLAS GEMM tiles +
-//! the same selection for batches. See docs/GPU.md for the design and the measured numbers.
+//! CUDA engine: the table mirrored in GPU memory (f32, f16 or bf16). Single queries: one fused
+//! scan + radix-select kernel, a one-node CUDA graph whose by-value argument (params + query)
+//! each request replaces. Batches: cuBLAS GEMM tiles, each filtered per query against a running
+//! k-th-key bound into a bounded candidate buffer, then one select-and-sort kernel. See
+//! docs/GPU.md for the design and the measured numbers.
 //!
 //! Safety rules of this module:
 //! - Nothing here runs before [`probe`] has found the driver, NVRTC and cuBLAS libraries
@@ -56,10 +58,10 @@ const FCH: usize = 4096;
 /// 4 KiB parameter space (ARG_BYTES / BYVAL in the kernel).
 const MAX_ARG_BYTES: usize = 4096;
 /// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
-/// Measured on the H200 machine (docs/GPU.md): a GPU request costs a fixed ~20-25 µs
-/// server-side, which the current (scalar) CPU engine matches at about 256-384 rows × 128 dims
-/// (32-48 k values); above that the GPU wins. Re-measure when the CPU engine changes; override with `KALOS_GPU_MIN_WORK`.
-pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 48 * 1024;
+/// Measured on the H200 machine against the SIMD CPU engine (docs/benchmarks/gpu.md, commit
+/// 771b4ca, client p50 at dim 128): 256 rows CPU 9.8 µs / GPU 27.7 µs, 2048 rows 41.8 / 28.3 µs,
+/// so the two meet near 1,250 rows × 128 dims (160 k values). Override with `KALOS_GPU_MIN_WORK`.
+pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
