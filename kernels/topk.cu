@@ -638,6 +638,18 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (t == 0) *(volatile u32*)(out + 4) = P.seq;
 }
 
+// Request parameters from device memory into shared memory (P, and the namespace filter in sns).
+__device__ __forceinline__ void load_params(const unsigned char* in, Params& P, u64* sns) {
+    const int t = threadIdx.x;
+    const u32* src = (const u32*)in;
+    u32* dst = (u32*)&P;
+    for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
+    __syncthreads();
+    if (P.nns != NONE_U32)
+        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
+    __syncthreads();
+}
+
 // Params + query copied to device memory (`in`) by a copy node before the kernel.
 extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* __restrict__ in, Table T,
                                                            u32* cand_key, u32* cand_row, u32* cand_cnt,
@@ -646,16 +658,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
-    const int t = threadIdx.x;
-    {
-        const u32* src = (const u32*)in;
-        u32* dst = (u32*)&P;
-        for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
-    }
-    __syncthreads();
-    if (P.nns != NONE_U32)
-        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
-    __syncthreads();
+    load_params(in, P, sns);
     scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, cand_cnt, ticket, out, smem, S, sns);
 }
 
@@ -692,16 +695,6 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table 
 
 #define FCH 4096  // rows per filter block (CHUNK)
 
-__device__ __forceinline__ void load_params(const unsigned char* in, Params& P, u64* sns) {
-    const int t = threadIdx.x;
-    const u32* src = (const u32*)in;
-    u32* dst = (u32*)&P;
-    for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) dst[i] = src[i];
-    __syncthreads();
-    if (P.nns != NONE_U32)
-        for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
-    __syncthreads();
-}
 
 // Writes the rows [0, c) of (skey, srow) at the end of query q's buffer.
 __device__ __forceinline__ void append(const u32* skey, const u32* srow, u32 c, u32* bkey, u32* brow, u32* bcnt,
