@@ -711,6 +711,20 @@ __device__ __forceinline__ void append(const u32* skey, const u32* srow, u32 c, 
     }
 }
 
+// Raises thr[q] to the smallest of the c = k keys just selected (skey, shared): with k rows at
+// or above it, it bounds q's final k-th key from below. Does nothing when c < k. Must be
+// reached by every thread of the block.
+__device__ __forceinline__ void raise_bound(const u32* skey, u32 c, u32 k, u32* thr_q, SelShared& S) {
+    const u32 t = threadIdx.x;
+    if (t == 0) S.last = 0xFFFFFFFFu;
+    __syncthreads();
+    u32 mn = 0xFFFFFFFFu;
+    for (u32 i = t; i < c; i += NT) mn = min(mn, skey[i]);
+    atomicMin(&S.last, mn);
+    __syncthreads();
+    if (t == 0 && c == k) atomicMax(thr_q, S.last);
+}
+
 extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned char* __restrict__ in,
                                                               const float* __restrict__ qnorms, Table T,
                                                               const float* __restrict__ scores, u32 ld, u32 row0,
@@ -765,14 +779,7 @@ extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned cha
     u32* srow = skey + KMAX;
     SmemAcc a{ckey, crow, T.ids};
     const u32 got = select_to(a, c, k, S, skey, srow);
-    // got == k: the smallest key taken bounds the final k-th key of q from below.
-    if (t == 0) S.last = 0xFFFFFFFFu;
-    __syncthreads();
-    u32 mn = 0xFFFFFFFFu;
-    for (u32 i = t; i < got; i += NT) mn = min(mn, skey[i]);
-    atomicMin(&S.last, mn);
-    __syncthreads();
-    if (t == 0 && got == k) atomicMax(thr + q, S.last);
+    raise_bound(skey, got, k, thr + q, S);
     append(skey, srow, got, okey, orow, bcnt + q, cap, S);
 }
 
@@ -812,14 +819,8 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
         return;
     }
     for (u32 i = t; i < c; i += NT) { okey[i] = skey[i]; orow[i] = srow[i]; }
-    if (t == 0) S.last = 0xFFFFFFFFu;
-    __syncthreads();
-    u32 mn = 0xFFFFFFFFu;
-    for (u32 i = t; i < c; i += NT) mn = min(mn, skey[i]);
-    atomicMin(&S.last, mn);
-    __syncthreads();
+    raise_bound(skey, c, k, thr + q, S);
     if (t == 0) {
-        if (c == k) atomicMax(thr + q, S.last);
         bcnt[q] = c;
     }
 }
@@ -835,6 +836,17 @@ extern "C" __global__ void __launch_bounds__(NT) batch_final(const unsigned char
                                                              float* out_scores, u32* out_counts) {
     extern __shared__ __align__(16) unsigned char smem[];
     tighten_or_final(in, T, bkey, brow, bcnt, cap, 0, nullptr, true, out_ids, out_scores, out_counts, smem);
+}
+
+// Stores v at element i of a storage-type array (f32, f16 or bf16 by DTYPE).
+__device__ __forceinline__ void store_elem(void* base, size_t i, float v) {
+#if DTYPE == 0
+    ((float*)base)[i] = v;
+#elif DTYPE == 1
+    ((u16*)base)[i] = f2h(v);
+#else
+    ((u16*)base)[i] = f2bf(v);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -861,14 +873,7 @@ extern "C" __global__ void scatter_rows(const u32* __restrict__ rows, const floa
     for (size_t i = tid; i < total; i += nth) {
         size_t j = i / DP, c = i - j * DP;
         float v = c < DIM ? src[j * DIM + c] : 0.0f;
-        size_t dst = (size_t)rows[j] * DP + c;
-#if DTYPE == 0
-        ((float*)dvecs)[dst] = v;
-#elif DTYPE == 1
-        ((u16*)dvecs)[dst] = f2h(v);
-#else
-        ((u16*)dvecs)[dst] = f2bf(v);
-#endif
+        store_elem(dvecs, (size_t)rows[j] * DP + c, v);
     }
 }
 
@@ -878,13 +883,6 @@ extern "C" __global__ void convert_queries(const float* __restrict__ src, u32 nq
     const size_t nth = (size_t)gridDim.x * blockDim.x;
     for (size_t i = tid; i < (size_t)nq * DP; i += nth) {
         size_t j = i / DP, c = i - j * DP;
-        float v = c < DIM ? src[j * DIM + c] : 0.0f;
-#if DTYPE == 0
-        ((float*)dst)[i] = v;
-#elif DTYPE == 1
-        ((u16*)dst)[i] = f2h(v);
-#else
-        ((u16*)dst)[i] = f2bf(v);
-#endif
+        store_elem(dst, i, c < DIM ? src[j * DIM + c] : 0.0f);
     }
 }
