@@ -14,9 +14,12 @@
 //
 // Selection is a block-wide radix select (4 passes of 8 bits over the key, then, only if more
 // rows share the k-th key than are needed, 8 passes over the ids of those rows), so any k up to
-// 1024 works the same way. Every block selects the top k of its own slice of the table; the last
-// block to finish (an atomic ticket) merges the blocks' candidates with the same routine, sorts
-// the winners and writes the answer: one kernel for the whole single-query path.
+// 1024 works the same way. Every block selects the top k of its own slice of the table, raises a
+// global bound to its k-th key (the best k-th key of any block bounds the answer's k-th key from
+// below) and appends only its candidates at or above the bound; the last block to finish (an
+// atomic ticket) merges the few survivors (a direct rank when they are at most one per thread,
+// the radix select otherwise) and writes the sorted answer: one kernel for the whole
+// single-query path.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -67,11 +70,21 @@ typedef unsigned short u16;
 #define QREG 0                                // query read from shared memory
 #endif
 #if NCH >= 12
-#define RU 1
+#define RU0 1
 #elif (12 / NCH) > 8
-#define RU 8
+#define RU0 8
 #else
-#define RU (12 / NCH)                         // rows in flight per lane group
+#define RU0 (12 / NCH)                        // rows in flight per lane group
+#endif
+// PIPE=1 (default): the scan loads the next rows before it computes the current ones, with half
+// as many rows per step (PIPE=2: as many), so loads stay in flight across the compute.
+#ifndef PIPE
+#define PIPE 1
+#endif
+#if PIPE == 1 && RU0 > 1
+#define RU (RU0 / 2)
+#else
+#define RU RU0
 #endif
 
 // Request parameters, copied to the device with the query (layout mirrored in cuda.rs).
@@ -96,6 +109,7 @@ struct Params {
 // Dynamic shared memory of the search kernels before the (optional) query copy: the chunk keys
 // (CHUNK*4) share the first 32 KiB with the merge input (MCAP*8); then 16 KiB of merge output.
 #define SMEM_MAIN (4096 * 8 + 1024 * 16)
+#define MCAP 4096  // candidates the final merge compacts into shared memory
 
 // Table columns on the device.
 struct Table {
@@ -209,12 +223,17 @@ __device__ __forceinline__ float dot16h(uint4 v, const u32* qh, float acc) {
 #define HALF2_DOT 0
 #endif
 
+// l2: the negated squared distance from the dot product and the two squared norms.
+__device__ __forceinline__ float l2_score(float dot, float qnorm, float norm) {
+    return -fmaxf(qnorm - 2.0f * dot + norm, 0.0f);
+}
+
 // Raw similarity (dot, or for l2 the dot turned into a negated distance) -> ranking key,
 // applying recency, the namespace filter and expiry. `sns` is the filter in shared memory.
 __device__ __forceinline__ u32 make_key(float dot, float qnorm, u32 row, const Params& P, const Table& T,
                                         const u64* sns) {
 #if METRIC == 2
-    float s = -fmaxf(qnorm - 2.0f * dot + T.norms[row], 0.0f);
+    float s = l2_score(dot, qnorm, T.norms[row]);
 #else
     float s = dot;
 #endif
@@ -276,17 +295,16 @@ struct ChunkAcc {
     __device__ __forceinline__ u64 id(u32 i) const { return ids[row0 + i]; }
 };
 
-// Accessor over candidate lists (global memory, written by other blocks): `nb` lists of
-// stride `k`, list b holding cnt[b] entries.
-struct CandAcc {
+// Accessor over the flat candidate array of the single-query path (global memory, appended by
+// every block): entries below the bound `lo` read as key 0 (not taken).
+struct FlatAcc {
     const u32* ckey;
     const u32* crow;
-    const u32* ccnt;
-    u32 k;
+    u32 lo;
     const u64* ids;
     __device__ __forceinline__ u32 key(u32 i) const {
-        u32 b = i / k, j = i - b * k;
-        return j < __ldcg(ccnt + b) ? __ldcg(ckey + i) : 0u;
+        u32 kk = __ldcg(ckey + i);
+        return kk >= lo ? kk : 0u;
     }
     __device__ __forceinline__ u32 row(u32 i) const { return __ldcg(crow + i); }
     __device__ __forceinline__ u64 id(u32 i) const { return ids[__ldcg(crow + i)]; }
@@ -401,44 +419,13 @@ struct SmemAcc {
     __device__ __forceinline__ u64 id(u32 i) const { return ids[rows[i]]; }
 };
 
-// Merges `nb` candidate lists (stride k) into the top k. When they fit (MCAP entries), they are
-// first compacted into shared memory with one parallel pass, so the radix passes read shared
-// memory instead of dependent global loads. Results go to skey/srow; returns the count.
-#define MCAP 4096
-__device__ u32 merge_lists(const u32* ckey, const u32* crow, const u32* ccnt, u32 nb, u32 k, const u64* ids,
-                           u32* mkey, u32* mrow, SelShared& S, u32* skey, u32* srow) {
-    const u32 m = nb * k;
-    if (m <= MCAP) {
-        if (threadIdx.x == 0) S.cnt = 0;
-        __syncthreads();
-        for (u32 base = 0; base < m; base += NT * 4) {
-            u32 cn[4], kk[4], rr[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {  // independent loads first: one memory round trip
-                const u32 i = base + (u32)u * NT + threadIdx.x;
-                const bool in = i < m;
-                cn[u] = in ? __ldcg(ccnt + i / k) : 0u;
-                kk[u] = in ? __ldcg(ckey + i) : 0u;
-                rr[u] = in ? __ldcg(crow + i) : 0u;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const u32 i = base + (u32)u * NT + threadIdx.x;
-                if (i < m && i % k < cn[u]) {
-                    u32 p = atomicAdd(&S.cnt, 1u);
-                    mkey[p] = kk[u];
-                    mrow[p] = rr[u];
-                }
-            }
-        }
-        __syncthreads();
-        const u32 c = S.cnt;
-        __syncthreads();
-        SmemAcc a{mkey, mrow, ids};
-        return select_to(a, c, k, S, skey, srow);
-    }
-    CandAcc a{ckey, crow, ccnt, k, ids};
-    return select_to(a, m, k, S, skey, srow);
+// The score reported for a ranking key (l2: the distance, not its negation).
+__device__ __forceinline__ float key_score(u32 kk) {
+    float s = key2f(kk);
+#if METRIC == 2
+    s = -s;
+#endif
+    return s;
 }
 
 // Sorts c <= KMAX (key, id, row) entries in shared memory best first (key desc, id asc) and
@@ -473,13 +460,152 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
     }
     for (u32 i = t; i < c; i += NT) {
         out_ids[i] = sid[i];
-        float s = key2f(skey[i]);
-#if METRIC == 2
-        s = -s;
-#endif
-        out_scores[i] = s;
+        out_scores[i] = key_score(skey[i]);
     }
     if (t == 0) *out_count = c;
+}
+
+// Raises the bound *bnd to the smallest of the c keys just selected (skey, shared) when c == k:
+// with k rows at or above it, it bounds the final k-th key from below. Returns the bound after
+// the update (max of the old one and this block's), in every thread; must be reached by every
+// thread of the block.
+__device__ __forceinline__ u32 raise_bound(const u32* skey, u32 c, u32 k, u32* bnd, SelShared& S) {
+    const u32 t = threadIdx.x;
+    if (t == 0) S.last = 0xFFFFFFFFu;
+    __syncthreads();
+    u32 mn = 0xFFFFFFFFu;
+    for (u32 i = t; i < c; i += NT) mn = min(mn, skey[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    if ((t & 31) == 0) atomicMin(&S.last, mn);
+    __syncthreads();
+    if (t == 0) {
+        const u32 mine = (c == k && c > 0) ? S.last : 0u;
+        S.last = max(atomicMax(bnd, mine), mine);
+    }
+    __syncthreads();
+    const u32 b = S.last;
+    __syncthreads();
+    return b;
+}
+
+// Rank selection of c <= NT candidates (mkey/mrow, shared memory): thread i counts the
+// candidates better than its own (key desc, id asc; ids are unique, so ranks are distinct) and
+// writes it at that rank when it is among the first k. Sorted output in one pass, no radix.
+__device__ void rank_write(const u32* mkey, const u32* mrow, u32 c, u32 k, const u64* ids, u64* sid, u64* out_ids,
+                           float* out_scores, u32* out_count) {
+    const u32 t = threadIdx.x;
+    u32 kk = 0u;
+    u64 id = 0ull;
+    if (t < c) {
+        kk = mkey[t];
+        id = ids[mrow[t]];
+        sid[t] = id;
+    }
+    __syncthreads();
+    if (t < c) {
+        u32 r = 0;
+        for (u32 j = 0; j < c; j++) {
+            const u32 kj = mkey[j];
+            const u64 ij = sid[j];
+            r += (kj > kk || (kj == kk && ij < id)) ? 1u : 0u;
+        }
+        if (r < k) {
+            out_ids[r] = id;
+            out_scores[r] = key_score(kk);
+        }
+    }
+    if (t == 0) *out_count = min(c, k);
+}
+
+// Top k of m <= SMALL_ROWS chunk keys (rows row0..row0+m) by rank: thread i counts the keys
+// better than its own, using ids only where keys tie; one pass over shared memory instead of the
+// radix passes, for blocks with few rows (small tables). The work is m * m compares: with 253
+// rows it took 7.4 us against 5.0 for the radix select on the H200, hence the bound. Writes
+// (key, row) at its rank (ranks are distinct); returns the count, in every thread.
+#define SMALL_ROWS 64
+__device__ u32 select_small(const u32* keys, u32 m, u32 row0, u32 k, const u64* ids, u32* okey, u32* orow) {
+    const u32 t = threadIdx.x;
+    const u32 kk = t < m ? keys[t] : 0u;
+    u32 r = 0, eq = 0;
+    if (kk != 0u) {
+        for (u32 j = 0; j < m; j++) {
+            const u32 kj = keys[j];
+            r += kj > kk ? 1u : 0u;
+            eq += (kj == kk && j != t) ? 1u : 0u;
+        }
+        if (eq && r < k) {  // tied keys: the lower id ranks first
+            const u64 id = ids[row0 + t];
+            for (u32 j = 0; j < m; j++)
+                if (j != t && keys[j] == kk && ids[row0 + j] < id) r++;
+        }
+        if (r < k) {
+            okey[r] = kk;
+            orow[r] = row0 + t;
+        }
+    }
+    const u32 valid = (u32)__syncthreads_count(kk != 0u);
+    return min(valid, k);
+}
+
+// Final merge of the single-query path (the last block): the blocks appended `total` candidates,
+// each at or above the bound at the time; every entry below the final bound `lo` cannot be in the
+// top k. The survivors are compacted into shared memory with independent loads (one memory round
+// trip for MCAP entries); a few (<= NT, the usual case) are ranked directly, more go through the
+// radix select and a sort. Writes the results to out.
+__device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 total, u32 lo, u32 k, const u64* ids,
+                                        unsigned char* smem, SelShared& S, unsigned char* out) {
+    const u32 t = threadIdx.x;
+    u64* out_ids = (u64*)(out + 8);
+    float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    u32* skey = (u32*)(smem + MCAP * 8);
+    u32* srow = skey + KMAX;
+    u64* sid = (u64*)(srow + KMAX);
+    if (total > MCAP) {  // many candidates (large k, ties): select straight from global memory
+        FlatAcc a{ckey, crow, lo, ids};
+        const u32 c = select_to(a, total, k, S, skey, srow);
+        sort_and_write(skey, srow, sid, c, ids, out_ids, out_scores, (u32*)out);
+        return;
+    }
+    if (t == 0) S.cnt = 0;
+    __syncthreads();
+    // 16 consecutive entries per thread in 16-byte loads: up to NT*16 = MCAP entries in one
+    // memory round trip. Entries past `total` are left from earlier requests: masked by index
+    // (a load never passes the allocation: it holds a multiple of 4 entries >= total).
+    for (u32 base = t * 16; base < total; base += NT * 16) {
+        uint4 kv[4], rv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const bool in = base + 4 * u < total;
+            kv[u] = in ? __ldcg((const uint4*)(ckey + base) + u) : make_uint4(0u, 0u, 0u, 0u);
+            rv[u] = in ? __ldcg((const uint4*)(crow + base) + u) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const u32 kk[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
+            const u32 rr[4] = {rv[u].x, rv[u].y, rv[u].z, rv[u].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (base + 4 * u + j < total && kk[j] != 0u && kk[j] >= lo) {
+                    const u32 p = atomicAdd(&S.cnt, 1u);
+                    mkey[p] = kk[j];
+                    mrow[p] = rr[j];
+                }
+            }
+        }
+    }
+    __syncthreads();
+    const u32 c = S.cnt;
+    __syncthreads();
+    if (c <= NT) {
+        rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out);
+        return;
+    }
+    SmemAcc a{mkey, mrow, ids};
+    const u32 got = select_to(a, c, k, S, skey, srow);
+    sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out);
 }
 
 #define FULLMASK 0xffffffffu
@@ -512,7 +638,7 @@ struct Arg {
 // The whole single-query path after P (shared) and the query (qg: DP floats, shared or global)
 // are in place.
 __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg, const Table& T, u32* cand_key,
-                                               u32* cand_row, u32* cand_cnt, u32* ticket, unsigned char* out,
+                                               u32* cand_row, u32* ctl, unsigned char* out,
                                                unsigned char* smem, SelShared& S, const u64* sns) {
     const int t = threadIdx.x;
     if (PROF && blockIdx.x == 0 && t == 0) stamp(out, 0);
@@ -555,8 +681,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     const u32 wbase0 = r0 + (u32)(t / 32) * (32 / GS) * RU;
     const u32 wstep = (u32)(NT / 32) * (32 / GS) * RU;
     const u32 sub = (u32)((t & 31) / GS);
-    for (u32 wb = wbase0; wb < r1; wb += wstep) {
-        uint4 v[RU][NCH];
+    auto load_rows = [&](uint4(&v)[RU][NCH], u32 wb) {
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             u32 row = wb + sub * RU + u;
@@ -567,6 +692,22 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
                 else v[u][c] = make_uint4(0u, 0u, 0u, 0u);
             }
         }
+    };
+#if PIPE
+    uint4 nxt[RU][NCH];
+    load_rows(nxt, wbase0);
+#endif
+    for (u32 wb = wbase0; wb < r1; wb += wstep) {
+        uint4 v[RU][NCH];
+#if PIPE
+#pragma unroll
+        for (int u = 0; u < RU; u++)
+#pragma unroll
+            for (int c = 0; c < NCH; c++) v[u][c] = nxt[u][c];
+        load_rows(nxt, wb + wstep);
+#else
+        load_rows(v, wb);
+#endif
         float acc[RU];
 #pragma unroll
         for (int u = 0; u < RU; u++) {
@@ -605,30 +746,56 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (PROF && b == 0 && t == 0) stamp(out, 1);
 
     const u32 k = P.k;
-    u32* mkey = (u32*)smem;
-    u32* mrow = mkey + MCAP;
-    // Block's own top k by radix select -> candidate list b.
-    ChunkAcc ca{keys, r0, T.ids};
-    select_to(ca, r1 - r0, k, S, cand_key + (size_t)b * k, cand_row + (size_t)b * k);
-    if (t == 0) cand_cnt[b] = S.cnt;
+    // The block's own top k by radix select (into shared memory past the keys), then the
+    // candidates at or above the bound (the best k-th key any block has found so far; ctl[1]) are
+    // appended to the flat candidate array (ctl[2] counts them).
+    u32* skey = (u32*)(smem + MCAP * 8);
+    u32* srow = skey + KMAX;
+    u32 got;
+    if (r1 - r0 <= SMALL_ROWS) {
+        got = select_small(keys, r1 - r0, r0, k, T.ids, skey, srow);
+    } else {
+        ChunkAcc ca{keys, r0, T.ids};
+        got = select_to(ca, r1 - r0, k, S, skey, srow);
+    }
+    const u32 lo = raise_bound(skey, got, k, ctl + 1, S);
+    u32* tkey = (u32*)smem;  // the chunk keys are no longer needed
+    u32* trow = tkey + MCAP;
+    if (t == 0) S.cnt = 0;
+    __syncthreads();
+    for (u32 i = t; i < got; i += NT) {
+        if (skey[i] >= lo) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            tkey[p] = skey[i];
+            trow[p] = srow[i];
+        }
+    }
+    __syncthreads();
+    if (t == 0) S.prefix = atomicAdd(ctl + 2, S.cnt);
+    __syncthreads();
+    const u32 base = S.prefix, nc = S.cnt;
+    for (u32 i = t; i < nc; i += NT) {
+        cand_key[base + i] = tkey[i];
+        cand_row[base + i] = trow[i];
+    }
 
-    // The last block to finish merges everything.
+    // The last block to finish (ticket ctl[0]) merges everything.
     __threadfence();
     __syncthreads();
     if (PROF && b == 0 && t == 0) stamp(out, 2);
-    if (t == 0) S.last = (atomicAdd(ticket, 1u) == P.grid - 1) ? 1u : 0u;
+    if (t == 0) S.last = (atomicAdd(ctl, 1u) == P.grid - 1) ? 1u : 0u;
     __syncthreads();
     if (!S.last) return;
     if (PROF && t == 0) stamp(out, 3);
     __threadfence();
-    if (t == 0) *ticket = 0u;  // ready for the next replay
-    u64* out_ids = (u64*)(out + 8);
-    float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
-    u32* skey = (u32*)(smem + MCAP * 8);
-    u32* srow = skey + KMAX;
-    u64* sid = (u64*)(srow + KMAX);
-    u32 c = merge_lists(cand_key, cand_row, cand_cnt, P.grid, k, T.ids, mkey, mrow, S, skey, srow);
-    sort_and_write(skey, srow, sid, c, T.ids, out_ids, out_scores, (u32*)out);
+    const u32 bound = __ldcg(ctl + 1), total = __ldcg(ctl + 2);
+    __syncthreads();
+    if (t == 0) {  // ready for the next replay (every other block is done with ctl)
+        ctl[0] = 0u;
+        ctl[1] = 0u;
+        ctl[2] = 0u;
+    }
+    merge_flat(cand_key, cand_row, total, bound, k, T.ids, smem, S, out);
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __syncthreads();
@@ -652,20 +819,20 @@ __device__ __forceinline__ void load_params(const unsigned char* in, Params& P, 
 
 // Params + query copied to device memory (`in`) by a copy node before the kernel.
 extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* __restrict__ in, Table T,
-                                                           u32* cand_key, u32* cand_row, u32* cand_cnt,
-                                                           u32* ticket, unsigned char* out) {
+                                                           u32* cand_key, u32* cand_row, u32* ctl,
+                                                           unsigned char* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
     load_params(in, P, sns);
-    scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, cand_cnt, ticket, out, smem, S, sns);
+    scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 
 #if BYVAL
 // Params + query as the kernel's by-value argument: no copy node, no dependent global load.
 extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
-                                                             u32* cand_cnt, u32* ticket, unsigned char* out) {
+                                                             u32* ctl, unsigned char* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
@@ -677,30 +844,40 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table 
     if (a.p.nns != NONE_U32)
         for (u32 i = t; i < a.p.nns && i < MAXNS; i += NT) sns[i] = a.p.ns[i];
     __syncthreads();
-    scan_topk_body(P, qs, T, cand_key, cand_row, cand_cnt, ticket, out, smem, S, sns);
+    scan_topk_body(P, qs, T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Batches. The GEMM writes a tile of scores, column-major [rows x nq] (ld = rows). Every query
-// owns a candidate buffer (key, row) of `cap` entries with a count, and a threshold thr[q]: a
-// lower bound of its final k-th key (0 at first). Block (b, q) of batch_filter takes FCH rows of
-// query q's column, keeps the rows whose key reaches thr[q] and appends them (all of them when
-// at most k, else their top k by radix select, raising thr[q] to the k-th key), so after the
-// first tile nearly every block appends nothing and costs one pass over its scores.
-// batch_tighten cuts a buffer that grew past `high` to its top k; the host sizes `cap` as
-// high + (blocks per tile) * k, so a buffer can never overflow (an overflow would be reported as
-// a count of 0xFFFFFFFF, never as wrong results). batch_final selects and sorts each query's top k.
+// Batches. The GEMM writes a tile of scores, column-major [rows x nq] (ld >= rows, a multiple of
+// 4). Every query owns a candidate buffer (key, row) of `cap` entries with a count, and a
+// threshold thr[q]: a lower bound of its final k-th key (0 at first). Block (x, q) of
+// batch_filter streams `span` rows of query q's column with 16-byte loads and keeps the rows
+// whose key reaches its bound in a shared-memory buffer; when the buffer could overflow, and at
+// the end, it cuts the buffer to its top k by radix select and raises its bound (and thr[q]) to
+// the k-th key. So after the first tile nearly every row is rejected by one compare and the
+// kernel runs at memory speed. It appends at most k rows per tile to q's buffer; with one block
+// per query (gridDim.x == 1) it also cuts that buffer to its top k when it passes `high`, else
+// batch_tighten does that after the tile. The host sizes `cap` as high + (blocks per query) * k,
+// so a buffer can never overflow (an overflow would be reported as a count of 0xFFFFFFFF, never
+// as wrong results). batch_final selects and sorts each query's top k.
 // ---------------------------------------------------------------------------------------------
 
-#define FCH 4096  // rows per filter block (CHUNK)
+#ifndef FU
+#define FU 2                  // 16-byte score loads per thread per step (the host passes -DFU)
+#endif
+#define FSTEP (NT * FU * 4)   // rows per step of a filter block
+#ifndef FPD
+#define FPD 2                 // steps loaded ahead
+#endif
+#ifndef FMINB
+#define FMINB 5               // resident filter blocks per SM the registers are budgeted for
+#endif
 
-
-// Writes the rows [0, c) of (skey, srow) at the end of query q's buffer.
-__device__ __forceinline__ void append(const u32* skey, const u32* srow, u32 c, u32* bkey, u32* brow, u32* bcnt,
-                                       u32 cap, SelShared& S) {
-    if (c == 0) return;
-    if (threadIdx.x == 0) S.cnt = atomicAdd(bcnt, c);
+// Writes the rows [0, c) of (skey, srow) at the end of query q's buffer; returns the new count.
+__device__ __forceinline__ u32 append(const u32* skey, const u32* srow, u32 c, u32* bkey, u32* brow, u32* bcnt,
+                                      u32 cap, SelShared& S) {
+    if (threadIdx.x == 0) S.cnt = c ? atomicAdd(bcnt, c) : __ldcg(bcnt);
     __syncthreads();
     const u32 base = S.cnt;
     for (u32 i = threadIdx.x; i < c; i += NT) {
@@ -709,78 +886,146 @@ __device__ __forceinline__ void append(const u32* skey, const u32* srow, u32 c, 
             brow[base + i] = srow[i];
         }
     }
+    __syncthreads();
+    return base + c;
 }
 
-// Raises thr[q] to the smallest of the c = k keys just selected (skey, shared): with k rows at
-// or above it, it bounds q's final k-th key from below. Does nothing when c < k. Must be
-// reached by every thread of the block.
-__device__ __forceinline__ void raise_bound(const u32* skey, u32 c, u32 k, u32* thr_q, SelShared& S) {
-    const u32 t = threadIdx.x;
-    if (t == 0) S.last = 0xFFFFFFFFu;
+// Cuts query q's buffer (cnt entries, global memory) to its top k and raises thr[q]; the caller
+// owns the buffer (no other block touches it during the call). skey/srow: KMAX entries of shared
+// memory.
+__device__ void cut_buffer(u32* okey, u32* orow, u32 cnt, u32 k, const u64* ids, u32* thr_q, u32* bcnt_q,
+                           u32* skey, u32* srow, SelShared& S) {
+    SmemAcc a{okey, orow, ids};
+    const u32 c = select_to(a, cnt, k, S, skey, srow);
+    for (u32 i = threadIdx.x; i < c; i += NT) {
+        okey[i] = skey[i];
+        orow[i] = srow[i];
+    }
+    raise_bound(skey, c, k, thr_q, S);
+    if (threadIdx.x == 0) *bcnt_q = c;
     __syncthreads();
-    u32 mn = 0xFFFFFFFFu;
-    for (u32 i = t; i < c; i += NT) mn = min(mn, skey[i]);
-    atomicMin(&S.last, mn);
-    __syncthreads();
-    if (t == 0 && c == k) atomicMax(thr_q, S.last);
 }
 
-extern "C" __global__ void __launch_bounds__(NT) batch_filter(const unsigned char* __restrict__ in,
+// Dynamic shared memory: (sb + k) * 8 bytes, sb = k + FSTEP * 3 / 2 survivor slots.
+extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsigned char* __restrict__ in,
                                                               const float* __restrict__ qnorms, Table T,
                                                               const float* __restrict__ scores, u32 ld, u32 row0,
-                                                              u32 rows, u32* bkey, u32* brow, u32* bcnt, u32 cap,
-                                                              u32* thr) {
+                                                              u32 rows, u32 span, u32* bkey, u32* brow, u32* bcnt,
+                                                              u32 cap, u32 high, u32* thr) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
     __shared__ u32 nsurv;
     const int t = threadIdx.x, lane = t & 31;
+    const u32 q = blockIdx.y;
+    const u32 l0 = min(rows, blockIdx.x * span), l1 = min(rows, l0 + span);
+    const float4* col = (const float4*)(scores + (size_t)q * ld);
+    // Scores are loaded one step ahead: the loads of step s+1 are in flight while step s is
+    // examined (and the first step's while the parameters load).
+    float4 nv[FPD][FU];
+    auto load_step = [&](float4(&d)[FU], u32 base) {
+#pragma unroll
+        for (int u = 0; u < FU; u++) {
+            const u32 i = base + ((u32)u * NT + t) * 4;
+            d[u] = i < l1 ? __ldcs(col + i / 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+#pragma unroll
+    for (int d = 0; d < FPD; d++) load_step(nv[d], l0 + (u32)d * FSTEP);
     if (t == 0) nsurv = 0;
     load_params(in, P, sns);
-    const u32 q = blockIdx.y;
-    const u32 l0 = min(rows, blockIdx.x * FCH), l1 = min(rows, l0 + FCH);
+    // Survivor slots: room for a whole step after the k kept by a cut, plus half a step of slack
+    // so that a cut happens only when the buffer really fills (without it, the first tile cut
+    // at every step).
+    const u32 k = P.k, sb = k + FSTEP + FSTEP / 2;
     const float qn = qnorms[q];
-    const u32 lb = __ldcg(thr + q);
-    const float* col = scores + (size_t)q * ld;
-    u32* ckey = (u32*)smem;  // survivors, compacted
-    u32* crow = ckey + FCH;
-    for (u32 base0 = l0 + (u32)(t & ~31); base0 < l1; base0 += NT * 16) {  // uniform per warp
-        float sc[16];
-#pragma unroll
-        for (int u = 0; u < 16; u++) {  // independent loads first: one memory round trip
-            const u32 i = base0 + (u32)u * NT + lane;
-            sc[u] = i < l1 ? col[i] : 0.0f;
+    u32 lb = __ldcg(thr + q);
+    const bool plain = P.flags == 0u && P.nns == NONE_U32;  // no expiry, recency or namespace filter
+    u32* ckey = (u32*)smem;  // survivors
+    u32* crow = ckey + sb;
+    u32* skey = crow + sb;   // selection output (k entries)
+    u32* srow = skey + k;
+    for (u32 base = l0; base < l1; base += FSTEP) {  // uniform across the block
+        __syncthreads();  // the last step's appends are done; thread 0 decides for the block
+        if (__syncthreads_or(t == 0 && nsurv + FSTEP > sb)) {  // make room: keep the top k, raise the bound
+            SmemAcc a{ckey, crow, T.ids};
+            const u32 c = select_to(a, nsurv, k, S, skey, srow);
+            for (u32 i = t; i < c; i += NT) {
+                ckey[i] = skey[i];
+                crow[i] = srow[i];
+            }
+            lb = max(lb, raise_bound(skey, c, k, thr + q, S));
+            if (t == 0) nsurv = c;
+            __syncthreads();
         }
+        float4 v[FU];
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
-        const u32 i = base0 + (u32)u * NT + lane;
-        u32 kk = 0u;
-        if (i < l1) kk = make_key(sc[u], qn, row0 + i, P, T, sns);
-        const bool keep = kk != 0u && kk >= lb;
-        const u32 m = __ballot_sync(FULLMASK, keep);
-        if (m) {
-            u32 pos = 0;
-            if (lane == __ffs(m) - 1) pos = atomicAdd(&nsurv, (u32)__popc(m));
-            pos = __shfl_sync(FULLMASK, pos, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1u));
-            if (keep) { ckey[pos] = kk; crow[pos] = row0 + i; }
+        for (int u = 0; u < FU; u++) v[u] = nv[0][u];
+#pragma unroll
+        for (int d = 0; d + 1 < FPD; d++)
+#pragma unroll
+            for (int u = 0; u < FU; u++) nv[d][u] = nv[d + 1][u];
+        load_step(nv[FPD - 1], base + (u32)FPD * FSTEP);
+        // Fast rejection: without filters the key depends on the score (and for l2 the row's
+        // norm) only, so one float compare against the bound decides for most rows; a warp
+        // takes the exact path below only when one of its rows may pass (`!(x < tf)` also sends
+        // NaN there, so both paths agree on every value).
+        bool maybe = true;
+        if (plain && lb != 0u) {
+            const float tf = key2f(lb);
+            maybe = false;
+#pragma unroll
+            for (int u = 0; u < FU; u++) {
+                const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float x = e[j];
+#if METRIC == 2
+                    const u32 i = base + ((u32)u * NT + t) * 4 + j;
+                    x = l2_score(x, qn, i < l1 ? T.norms[row0 + i] : 0.0f);
+#endif
+                    maybe |= !(x < tf);
+                }
+            }
         }
+        if (!__any_sync(FULLMASK, maybe)) continue;
+#pragma unroll
+        for (int u = 0; u < FU; u++) {
+            const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const u32 i = base + ((u32)u * NT + t) * 4 + j;
+                u32 kk = 0u;
+                if (i < l1) kk = make_key(e[j], qn, row0 + i, P, T, sns);
+                const bool keep = kk != 0u && kk >= lb;
+                const u32 m = __ballot_sync(FULLMASK, keep);
+                if (m) {
+                    u32 pos = 0;
+                    if (lane == __ffs(m) - 1) pos = atomicAdd(&nsurv, (u32)__popc(m));
+                    pos = __shfl_sync(FULLMASK, pos, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1u));
+                    if (keep) {
+                        ckey[pos] = kk;
+                        crow[pos] = row0 + i;
+                    }
+                }
+            }
         }
     }
     __syncthreads();
-    const u32 c = nsurv, k = P.k;
+    const u32 c = nsurv;
     u32* okey = bkey + (size_t)q * cap;
     u32* orow = brow + (size_t)q * cap;
+    u32 cnt;
     if (c <= k) {
-        append(ckey, crow, c, okey, orow, bcnt + q, cap, S);
-        return;
+        cnt = append(ckey, crow, c, okey, orow, bcnt + q, cap, S);
+    } else {
+        SmemAcc a{ckey, crow, T.ids};
+        const u32 got = select_to(a, c, k, S, skey, srow);
+        raise_bound(skey, got, k, thr + q, S);
+        cnt = append(skey, srow, got, okey, orow, bcnt + q, cap, S);
     }
-    u32* skey = (u32*)(smem + FCH * 8);
-    u32* srow = skey + KMAX;
-    SmemAcc a{ckey, crow, T.ids};
-    const u32 got = select_to(a, c, k, S, skey, srow);
-    raise_bound(skey, got, k, thr + q, S);
-    append(skey, srow, got, okey, orow, bcnt + q, cap, S);
+    if (gridDim.x == 1 && cnt > high && cnt <= cap) cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S);
 }
 
 // Block q: when q's buffer holds more than `high` entries, keep only its top k (and raise thr).
@@ -803,6 +1048,10 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
     u32* mrow = mkey + MCAP;
     u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
+    if (!final) {
+        cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S);
+        return;
+    }
     u32 c;
     if (cnt <= MCAP) {  // one parallel pass into shared memory, then select there
         for (u32 i = t; i < cnt; i += NT) { mkey[i] = okey[i]; mrow[i] = orow[i]; }
@@ -813,16 +1062,8 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
         SmemAcc a{okey, orow, T.ids};
         c = select_to(a, cnt, k, S, skey, srow);
     }
-    if (final) {
-        u64* sid = (u64*)(srow + KMAX);
-        sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k, out_counts + q);
-        return;
-    }
-    for (u32 i = t; i < c; i += NT) { okey[i] = skey[i]; orow[i] = srow[i]; }
-    raise_bound(skey, c, k, thr + q, S);
-    if (t == 0) {
-        bcnt[q] = c;
-    }
+    u64* sid = (u64*)(srow + KMAX);
+    sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k, out_counts + q);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) batch_tighten(const unsigned char* __restrict__ in, Table T, u32* bkey,

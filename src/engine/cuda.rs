@@ -52,8 +52,16 @@ pub(crate) const MAX_GPU_DIM: usize = 8192;
 const SCORE_TILE_BYTES: usize = 96 << 20;
 /// Candidate-buffer budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
-/// Rows per batch_filter block (FCH in the kernel).
-const FCH: usize = 4096;
+/// 16-byte score loads per thread per step of batch_filter (FU in the kernel; a step is
+/// NT * FU * 4 rows and a block's span of rows a multiple of it). `KALOS_FILTER_FU` (2, 4 or 8)
+/// overrides it for tuning.
+/// FU=2 with two steps in flight (FPD) and 5 blocks per SM (FMINB) beat FU=4 and FU=8 on the
+/// H200 (steady-state filter 1.33 ms against 1.58 and 2.52 for 1024 x 1M f16).
+const FILTER_FU: usize = 2;
+/// Fewest rows per single-query block (`KALOS_MIN_ROWS` overrides): small tables get more,
+/// smaller blocks, each scanning its rows in one or two rounds of loads and selecting by rank
+/// (64 beat 256 and 32 for 10k x 128 on the H200: GPU round trip 19.7 against 23.2 and 20.8 us).
+const MIN_ROWS: usize = 64;
 /// Largest by-value kernel argument of the single-query kernel (Params + query): the classic
 /// 4 KiB parameter space (ARG_BYTES / BYVAL in the kernel).
 const MAX_ARG_BYTES: usize = 4096;
@@ -379,6 +387,8 @@ pub struct CudaEngine {
     f_tighten: sys::CUfunction,
     f_final: sys::CUfunction,
     tile_bytes: usize,
+    /// Rows per step of a batch_filter block (NT * FU * 4).
+    fstep: usize,
     batch_profile: bool,
     f_scatter: sys::CUfunction,
     f_convq: sys::CUfunction,
@@ -417,7 +427,7 @@ pub struct CudaEngine {
     prof: Option<Vec<[u32; 4]>>,
     d_ckey: DevBuf,
     d_crow: DevBuf,
-    d_ccnt: DevBuf,
+    /// Merge control of the single-query kernel: [ticket, bound, candidates appended, 0].
     d_ticket: DevBuf,
     cand_cap: usize,
     graphs: HashMap<u32, (u64, Graph)>,
@@ -441,14 +451,24 @@ pub struct CudaEngine {
     min_rows: usize,
 }
 
+/// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
+/// capacity and cut level per query, dynamic shared memory.
+struct FilterStep {
+    m: usize,
+    span: usize,
+    cap: usize,
+    high: usize,
+    smem: u32,
+}
+
 fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
 /// Argument pointer array of scan_topk / scan_topk_v: `first` points at the first argument's
 /// value (the device input address, or the by-value params + query bytes).
-fn scan_arg_ptrs(first: *mut c_void, tab: &mut TableArg, tail: &mut [u64; 5]) -> [*mut c_void; 7] {
-    let [a, b, c, d, e] = tail;
+fn scan_arg_ptrs(first: *mut c_void, tab: &mut TableArg, tail: &mut [u64; 4]) -> [*mut c_void; 6] {
+    let [a, b, c, d] = tail;
     [
         first,
         tab as *mut TableArg as *mut c_void,
@@ -456,7 +476,6 @@ fn scan_arg_ptrs(first: *mut c_void, tab: &mut TableArg, tail: &mut [u64; 5]) ->
         b as *mut u64 as *mut c_void,
         c as *mut u64 as *mut c_void,
         d as *mut u64 as *mut c_void,
-        e as *mut u64 as *mut c_void,
     ]
 }
 
@@ -506,6 +525,12 @@ impl CudaEngine {
         if prof {
             nvopts.push("-DPROF=1".into());
         }
+        let fu = match std::env::var("KALOS_FILTER_FU").ok().and_then(|v| v.parse::<usize>().ok()) {
+            Some(v @ (2 | 4 | 8)) => v,
+            _ => FILTER_FU,
+        };
+        nvopts.push(format!("-DFU={fu}"));
+        let fstep = NT as usize * fu * 4;
         let cubin = compile_cubin("topk", src, &nvopts)?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
@@ -526,9 +551,11 @@ impl CudaEngine {
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
-        for f in [Some(f_scan), f_scan_v, Some(f_filter), Some(f_tighten), Some(f_final)].into_iter().flatten() {
+        let smem_filter = (2 * KMAX + fstep * 3 / 2) * 8;
+        for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (Some(f_filter), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
+            let Some(f) = f else { continue };
             ck("cuFuncSetAttribute", unsafe {
-                sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_scan as i32)
+                sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
             })?;
         }
         let mut stream: sys::CUstream = std::ptr::null_mut();
@@ -555,6 +582,7 @@ impl CudaEngine {
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
                 .map_or(SCORE_TILE_BYTES, |mb| mb.clamp(4, 1024) << 20),
+            fstep,
             batch_profile: std::env::var_os("KALOS_BATCH_PROFILE").is_some(),
             f_scatter,
             f_convq,
@@ -587,8 +615,7 @@ impl CudaEngine {
             rtt: Vec::with_capacity(1 << 16),
             d_ckey: DevBuf::empty(),
             d_crow: DevBuf::empty(),
-            d_ccnt: DevBuf::empty(),
-            d_ticket: DevBuf::new(16, "ticket")?,
+            d_ticket: DevBuf::new(16, "merge control")?,
             cand_cap: 0,
             graphs: HashMap::new(),
             h_stage: HostBuf::new(stage_bytes)?,
@@ -603,7 +630,7 @@ impl CudaEngine {
             fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
             searches: 0,
             grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(3).clamp(1, 8),
-            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(256).clamp(16, CHUNK),
+            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MIN_ROWS).clamp(16, CHUNK),
         };
         e.d_out = e.h_out.device_ptr()?;
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
@@ -777,7 +804,6 @@ impl CudaEngine {
         let cap = lists.next_power_of_two();
         self.d_ckey = DevBuf::new(cap * KMAX * 4, "candidates")?;
         self.d_crow = DevBuf::new(cap * KMAX * 4, "candidates")?;
-        self.d_ccnt = DevBuf::new(cap * 4, "candidate counts")?;
         self.cand_cap = cap;
         self.graphs.clear();
         Ok(())
@@ -785,8 +811,8 @@ impl CudaEngine {
 
     /// Pointers of the single-query kernel's arguments after the first (the input buffer
     /// address in copy mode, the by-value params + query otherwise).
-    fn scan_tail(&self) -> (TableArg, [u64; 5]) {
-        (self.table_arg(), [self.d_ckey.ptr, self.d_crow.ptr, self.d_ccnt.ptr, self.d_ticket.ptr, self.d_out])
+    fn scan_tail(&self) -> (TableArg, [u64; 4]) {
+        (self.table_arg(), [self.d_ckey.ptr, self.d_crow.ptr, self.d_ticket.ptr, self.d_out])
     }
 
     /// Builds the single-query graph for `grid` blocks. Copy mode: captured H2D(params + query)
@@ -995,8 +1021,8 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// One GEMM: scores[rows x m] (column-major, ld = rows) = table[row0..row0+rows] · queries.
-    fn gemm_tile(&self, d_q: u64, d_scores: u64, row0: usize, rows: usize, m: usize) -> Result<()> {
+    /// One GEMM: scores[rows x m] (column-major, ld = ldc >= rows) = table[row0..row0+rows] · queries.
+    fn gemm_tile(&self, d_q: u64, d_scores: u64, row0: usize, rows: usize, m: usize, ldc: usize) -> Result<()> {
         let alpha = 1.0f32;
         let beta = 0.0f32;
         let a = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
@@ -1020,7 +1046,7 @@ impl CudaEngine {
                         self.dp as i32,
                         &beta,
                         d_scores as *mut f32,
-                        rows as i32,
+                        ldc as i32,
                     ),
                 )
             } else {
@@ -1044,7 +1070,7 @@ impl CudaEngine {
                         &beta as *const f32 as *const c_void,
                         d_scores as *mut c_void,
                         cb::cudaDataType::CUDA_R_32F,
-                        rows as i32,
+                        ldc as i32,
                         cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                         cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                     ),
@@ -1069,16 +1095,20 @@ impl CudaEngine {
         // first few tiles and later filter blocks mostly append nothing.
         let high = (4 * k).max(256);
         let mut nqt = nq_all.min(1024);
+        // Filter blocks: one per query and span of a tile's rows, at least ~4 per SM in all.
+        let sms = self.sms;
+        let fstep = self.fstep;
         let sizes = |nqt: usize| {
-            let tile = (self.tile_bytes / (nqt * 4)).clamp(FCH, 1 << 22).min(align_up(n, FCH));
-            let cap = high + tile.div_ceil(FCH) * k;
-            (tile, cap)
+            let tile = (self.tile_bytes / (nqt * 4) / fstep * fstep).clamp(fstep, 1 << 22).min(align_up(n, fstep));
+            let span = align_up(tile.div_ceil((4 * sms).div_ceil(nqt).max(1)), fstep);
+            let gx = tile.div_ceil(span);
+            let cap = high + gx * k;
+            (tile, span, gx, cap)
         };
-        while nqt > 1 && nqt * sizes(nqt).1 * 8 > CAND_BYTES {
+        while nqt > 1 && nqt * sizes(nqt).3 * 8 > CAND_BYTES {
             nqt /= 2;
         }
-        let (tile, cap) = sizes(nqt);
-        let gq = tile.div_ceil(FCH);
+        let (tile, span, gx, cap) = sizes(nqt);
         let ntiles = n.div_ceil(tile);
         self.ensure_batch(nqt, k, tile, cap)?;
         let b = self.batch.as_ref().unwrap();
@@ -1086,6 +1116,7 @@ impl CudaEngine {
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let d_thr = b.d_thr.ptr;
         let smem = SMEM_MAIN as u32;
+        let fsmem = ((2 * k + fstep * 3 / 2) * 8) as u32;
         let mut ids = vec![0u64; nqt * k];
         let mut scores = vec![0f32; nqt * k];
         let mut counts = vec![0u32; nqt];
@@ -1095,7 +1126,7 @@ impl CudaEngine {
             let m = (nq_all - q0).min(nqt);
             let qs = &req.queries[q0 * dim..(q0 + m) * dim];
             let qn: Vec<f32> = qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();
-            let p = self.fill_params(req, store, n, k, gq as u32, FCH as u32);
+            let p = self.fill_params(req, store, n, k, gx as u32, span as u32);
             // SAFETY: Params is repr(C) plain data; every device buffer below was sized by
             // ensure_batch for nqt >= m queries, `tile` rows and `cap` candidates per query.
             unsafe {
@@ -1120,32 +1151,17 @@ impl CudaEngine {
                 ck("reset counts", sys::cuMemsetD8Async(d_bcnt, 0, m * 4, self.stream))?;
             }
             let mut tab = self.table_arg();
-            let (mut a_in, mut a_qn, mut a_sc, mut a_bk, mut a_br, mut a_bc, mut a_thr) = (d_params, d_qn, d_scores, d_bkey, d_brow, d_bcnt, d_thr);
+            let (mut a_in, mut a_bk, mut a_br, mut a_bc, mut a_thr) = (d_params, d_bkey, d_brow, d_bcnt, d_thr);
             let (mut a_cap, mut a_high) = (cap as u32, high as u32);
+            let fs = FilterStep { m, span, cap, high, smem: fsmem };
             for t in 0..ntiles {
                 let row0 = t * tile;
                 let rows = (n - row0).min(tile);
-                self.gemm_tile(d_q, d_scores, row0, rows, m)?;
-                let (mut a_ld, mut a_row0, mut a_rows) = (rows as u32, row0 as u32, rows as u32);
-                let mut fargs: [*mut c_void; 12] = [
-                    &mut a_in as *mut _ as *mut c_void,
-                    &mut a_qn as *mut _ as *mut c_void,
-                    &mut tab as *mut _ as *mut c_void,
-                    &mut a_sc as *mut _ as *mut c_void,
-                    &mut a_ld as *mut _ as *mut c_void,
-                    &mut a_row0 as *mut _ as *mut c_void,
-                    &mut a_rows as *mut _ as *mut c_void,
-                    &mut a_bk as *mut _ as *mut c_void,
-                    &mut a_br as *mut _ as *mut c_void,
-                    &mut a_bc as *mut _ as *mut c_void,
-                    &mut a_cap as *mut _ as *mut c_void,
-                    &mut a_thr as *mut _ as *mut c_void,
-                ];
-                let fblocks = rows.div_ceil(FCH) as u32;
-                ck("launch batch_filter", unsafe {
-                    sys::cuLaunchKernel(self.f_filter, fblocks, m as u32, 1, NT, 1, 1, smem, self.stream, fargs.as_mut_ptr(), std::ptr::null_mut())
-                })?;
-                if t + 1 < ntiles {
+                // Columns start 16-byte aligned for the filter's vector loads.
+                self.gemm_tile(d_q, d_scores, row0, rows, m, align_up(rows, 4))?;
+                let fblocks = self.filter_tile(&fs, row0, rows)?;
+                // With one filter block per query the filter cuts the buffers itself.
+                if fblocks > 1 && t + 1 < ntiles {
                     let mut targs: [*mut c_void; 8] = [
                         &mut a_in as *mut _ as *mut c_void,
                         &mut tab as *mut _ as *mut c_void,
@@ -1190,14 +1206,50 @@ impl CudaEngine {
             }
         }
         if self.batch_profile {
-            self.profile_batch(nq_all.min(nqt), tile, ntiles, t_start.elapsed())?;
+            let fs = FilterStep { m: nq_all.min(nqt), span, cap, high, smem: fsmem };
+            self.profile_batch(&fs, tile, ntiles, t_start.elapsed())?;
         }
         Ok(())
     }
 
-    /// Tuning aid (`KALOS_BATCH_PROFILE=1`): times the GEMMs of one query group alone, to set
-    /// against the whole batch's time.
-    fn profile_batch(&mut self, m: usize, tile: usize, ntiles: usize, whole: std::time::Duration) -> Result<()> {
+    /// Launches batch_filter over one score tile (rows `row0..row0+rows`, in d_scores with
+    /// ld = align_up(rows, 4)); returns the number of blocks per query.
+    fn filter_tile(&self, fs: &FilterStep, row0: usize, rows: usize) -> Result<u32> {
+        let b = self.batch.as_ref().ok_or_else(|| Error::new(Status::Internal, "batch buffers missing"))?;
+        let mut tab = self.table_arg();
+        let (mut a_in, mut a_qn, mut a_sc, mut a_bk, mut a_br, mut a_bc, mut a_thr) =
+            (b.d_params.ptr, b.d_qn.ptr, b.d_scores.ptr, b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_thr.ptr);
+        let (mut a_ld, mut a_row0, mut a_rows, mut a_span) = (align_up(rows, 4) as u32, row0 as u32, rows as u32, fs.span as u32);
+        let (mut a_cap, mut a_high) = (fs.cap as u32, fs.high as u32);
+        let mut args: [*mut c_void; 14] = [
+            &mut a_in as *mut _ as *mut c_void,
+            &mut a_qn as *mut _ as *mut c_void,
+            &mut tab as *mut _ as *mut c_void,
+            &mut a_sc as *mut _ as *mut c_void,
+            &mut a_ld as *mut _ as *mut c_void,
+            &mut a_row0 as *mut _ as *mut c_void,
+            &mut a_rows as *mut _ as *mut c_void,
+            &mut a_span as *mut _ as *mut c_void,
+            &mut a_bk as *mut _ as *mut c_void,
+            &mut a_br as *mut _ as *mut c_void,
+            &mut a_bc as *mut _ as *mut c_void,
+            &mut a_cap as *mut _ as *mut c_void,
+            &mut a_high as *mut _ as *mut c_void,
+            &mut a_thr as *mut _ as *mut c_void,
+        ];
+        let blocks = rows.div_ceil(fs.span) as u32;
+        // SAFETY: every pointer argument is a live device buffer sized by ensure_batch for
+        // fs.m queries, `rows` <= tile rows and fs.cap candidates per query.
+        ck("launch batch_filter", unsafe {
+            sys::cuLaunchKernel(self.f_filter, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+        })?;
+        Ok(blocks)
+    }
+
+    /// Tuning aid (`KALOS_BATCH_PROFILE=1`): after a batch, times the GEMMs of one query group
+    /// alone and the filter alone (re-run over the last tile with the final thresholds: the
+    /// steady state of every tile but the first few), to set against the whole batch's time.
+    fn profile_batch(&mut self, fs: &FilterStep, tile: usize, ntiles: usize, whole: std::time::Duration) -> Result<()> {
         let (d_q, d_scores) = {
             let b = self.batch.as_ref().unwrap();
             (b.d_q.ptr, b.d_scores.ptr)
@@ -1205,14 +1257,29 @@ impl CudaEngine {
         let t0 = std::time::Instant::now();
         for t in 0..ntiles {
             let row0 = t * tile;
-            self.gemm_tile(d_q, d_scores, row0, (self.len - row0).min(tile), m)?;
+            let rows = (self.len - row0).min(tile);
+            self.gemm_tile(d_q, d_scores, row0, rows, fs.m, align_up(rows, 4))?;
         }
         self.sync_stream()?;
+        let gemms = t0.elapsed();
+        let row0 = (ntiles - 1) * tile;
+        let rows = self.len - row0;
+        self.gemm_tile(d_q, d_scores, row0, rows, fs.m, align_up(rows, 4))?;
+        self.sync_stream()?;
+        let t1 = std::time::Instant::now();
+        for _ in 0..ntiles {
+            self.filter_tile(fs, row0, rows)?;
+        }
+        self.sync_stream()?;
+        let filters = t1.elapsed();
         eprintln!(
-            "kalos batch profile: {m} queries x {} rows, {ntiles} tiles of {tile} rows: whole search {:.3} ms, GEMMs alone {:.3} ms",
+            "kalos batch profile: {} queries x {} rows, {ntiles} tiles of {tile} rows: whole search {:.3} ms, GEMMs alone {:.3} ms, steady-state filters alone {:.3} ms ({} rows last tile)",
+            fs.m,
             self.len,
             whole.as_secs_f64() * 1e3,
-            t0.elapsed().as_secs_f64() * 1e3
+            gemms.as_secs_f64() * 1e3,
+            filters.as_secs_f64() * 1e3,
+            rows
         );
         Ok(())
     }

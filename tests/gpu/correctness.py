@@ -197,6 +197,13 @@ def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2):
             res = st.recall_batch(Q, k)
             for i in range(0, nq, 8):
                 check("%s/%s/batch/k=%d" % (tag, phase, k), ref, Q[i], res[i], k)
+        if n >= 65_536:
+            # a large batch: one filter block per query, which also cuts its own candidate buffer
+            Q2 = rng.standard_normal((600, dim)).astype(np.float32)
+            for k in (10, 100):
+                res = st.recall_batch(Q2, k)
+                for i in range(0, len(Q2), 75):
+                    check("%s/%s/batch600/k=%d" % (tag, phase, k), ref, Q2[i], res[i], k)
         # batched path under a namespace filter (64 namespaces, ~6% of rows)
         many = list(range(100, 164))
         res = st.recall_batch(Q, 100, namespaces=many)
@@ -394,7 +401,8 @@ def main():
         ("mid", lambda: [suite_exact(IP, 65_537, 128), suite_exact(COSINE, 300_000, 96, nqueries=1),
                          suite_exact(L2, 300_000, 64, nqueries=1)]),
         ("big", lambda: [suite_exact(COSINE, 2_000_000, 64, ks=(1, 10, 100, 1024), nqueries=1)]),
-        ("ties", suite_ties),
+        # a big table, and a small one (blocks of at most 256 rows select by rank)
+        ("ties", lambda: [suite_ties(), suite_ties(n=3000, dim=16, dups=1500)]),
         ("lifecycle", suite_expiry_recency),
         ("lowp", lambda: [suite_lowp(F16), suite_lowp(BF16), suite_lowp(F32, n=100_000)]),
         ("oom", suite_oom),

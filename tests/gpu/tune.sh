@@ -12,7 +12,8 @@ run() {  # name, env..., BENCH_ONLY value last
   local name="$1"; shift
   echo "== $name ($*)"
   env "$@" timeout ${T_TUNE:-150} python3 bench.py > "$OUT/tune-$name.log" 2>&1
-  grep -E "kalos p50|batch [0-9]+:|batch profile: 1024|kernel phases|^ERROR|Traceback|Error" "$OUT/tune-$name.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -12
+  grep -E "kalos p50 |batch [0-9]+:|kernel phases|^ERROR|Traceback|Error" "$OUT/tune-$name.log" | cut -c1-220 | head -12
+  grep -E "batch profile: 1024" "$OUT/tune-$name.log" | cut -c1-260 | tail -2
   grep "round trips" "$OUT/tune-$name.log" | sed 's/.*round trips[^:]*:/  gpu:/' | head -4
 }
 S="10k x 128 f32,100k x 768 f16"; L="$S,1M x 768 f16"
