@@ -782,7 +782,11 @@ impl Server {
                     });
                     let g = &mut groups[gi];
                     let q_off = g.queries.len() / self.dim;
-                    g.queries.extend_from_slice(&q);
+                    if g.queries.is_empty() {
+                        g.queries = q; // a lone (or first) request's queries: no copy
+                    } else {
+                        g.queries.extend_from_slice(&q);
+                    }
                     g.k = g.k.max(k);
                     g.jobs.push(RecallJob { idx: i, k, nq, flags, q_off });
                 }
