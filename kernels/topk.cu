@@ -746,7 +746,8 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (PROF && b == 0 && t == 0) stamp(out, 1);
 
     const u32 k = P.k;
-    // The block's own top k by radix select (into shared memory past the keys), then the
+    // The block's own top k by radix select, or by rank for a block of at most SMALL_ROWS rows
+    // (into shared memory past the keys), then the
     // candidates at or above the bound (the best k-th key any block has found so far; ctl[1]) are
     // appended to the flat candidate array (ctl[2] counts them).
     u32* skey = (u32*)(smem + MCAP * 8);
@@ -855,8 +856,8 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table 
 // batch_filter streams `span` rows of query q's column with 16-byte loads and keeps the rows
 // whose key reaches its bound in a shared-memory buffer; when the buffer could overflow, and at
 // the end, it cuts the buffer to its top k by radix select and raises its bound (and thr[q]) to
-// the k-th key. So after the first tile nearly every row is rejected by one compare and the
-// kernel runs at memory speed. It appends at most k rows per tile to q's buffer; with one block
+// the k-th key. So after the first tile nearly every row is rejected by one float compare. It
+// appends at most k rows per tile to q's buffer; with one block
 // per query (gridDim.x == 1) it also cuts that buffer to its top k when it passes `high`, else
 // batch_tighten does that after the tile. The host sizes `cap` as high + (blocks per query) * k,
 // so a buffer can never overflow (an overflow would be reported as a count of 0xFFFFFFFF, never
