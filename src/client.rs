@@ -283,19 +283,30 @@ impl Kalos {
     /// One request/response round trip through a slot. `parse` runs on a private copy of the
     /// response body.
     fn call<R>(&self, req: &[u8], timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        self.call_parts(&[req], timeout_ms, parse)
+    }
+
+    /// `call` with the request given as consecutive parts, written straight into the slot (a
+    /// batch's queries are not copied into a request buffer first).
+    fn call_parts<R>(&self, parts: &[&[u8]], timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
         self.check_open()?;
-        if req.len() > self.seg.data_bytes() {
+        let req_len: usize = parts.iter().map(|p| p.len()).sum();
+        if req_len > self.seg.data_bytes() {
             return Err(Error::new(
                 Status::TooLarge,
-                format!("request of {} bytes exceeds the slot size of {} bytes (option slot_bytes)", req.len(), self.seg.data_bytes()),
+                format!("request of {req_len} bytes exceeds the slot size of {} bytes (option slot_bytes)", self.seg.data_bytes()),
             ));
         }
         let deadline = deadline_after(timeout_ms.unwrap_or(self.timeout_ms));
         let (slot_i, word) = self.claim(deadline)?;
         let slot = self.seg.slot(slot_i);
         slot.client_start_ticks.store(self.start_ticks, Ordering::Relaxed);
-        slot.req_len.store(req.len() as u32, Ordering::Relaxed);
-        self.seg.write_data(slot_i, 0, req);
+        slot.req_len.store(req_len as u32, Ordering::Relaxed);
+        let mut off = 0;
+        for p in parts {
+            self.seg.write_data(slot_i, off, p);
+            off += p.len();
+        }
         let submitted = shm::with_state(word, shm::SLOT_SUBMITTED);
         if slot.state.compare_exchange(word, submitted, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return Err(Error::new(Status::Internal, "request slot was reclaimed while being written"));
@@ -451,7 +462,8 @@ impl Kalos {
         Ok(())
     }
 
-    fn write_recall(&self, w: &mut Writer, queries: &[f32], nq: usize, k: usize, flags: u32, opts: &RecallOptions) {
+    /// The recall request up to its queries, which follow it in the slot (`call_parts`).
+    fn write_recall(&self, w: &mut Writer, nq: usize, k: usize, flags: u32, opts: &RecallOptions) {
         w.clear();
         w.u32(OP_RECALL).u32(k as u32).u32(nq as u32).u32(flags);
         match &opts.namespaces {
@@ -465,7 +477,6 @@ impl Kalos {
         if let Some(ns) = &opts.namespaces {
             w.u64s(ns);
         }
-        w.f32s(queries);
     }
 
     /// Top-k for one query, written into `ids`/`scores` (each at least `min(k, len)` long);
@@ -476,8 +487,8 @@ impl Kalos {
         self.check_recall_opts(opts)?;
         REQ.with(|w| {
             let mut w = w.borrow_mut();
-            self.write_recall(&mut w, query, 1, k, 0, opts);
-            self.call(&w.buf, opts.timeout_ms, |resp| {
+            self.write_recall(&mut w, 1, k, 0, opts);
+            self.call_parts(&[&w.buf, f32_bytes(query)], opts.timeout_ms, |resp| {
                 let mut r = Reader::new(resp);
                 let c = r.u32("count")? as usize;
                 if c > k || c > ids.len() || c > scores.len() {
@@ -514,8 +525,8 @@ impl Kalos {
         self.check_recall_opts(opts)?;
         REQ.with(|w| {
             let mut w = w.borrow_mut();
-            self.write_recall(&mut w, query, 1, k, FLAG_PAYLOADS, opts);
-            self.call(&w.buf, opts.timeout_ms, |resp| {
+            self.write_recall(&mut w, 1, k, FLAG_PAYLOADS, opts);
+            self.call_parts(&[&w.buf, f32_bytes(query)], opts.timeout_ms, |resp| {
                 let mut r = Reader::new(resp);
                 let c = r.u32("count")? as usize;
                 let ids = r.u64s(c, "ids")?;
@@ -569,8 +580,9 @@ impl Kalos {
             let qn = chunk.min(nq - q0);
             REQ.with(|w| {
                 let mut w = w.borrow_mut();
-                self.write_recall(&mut w, &queries[q0 * self.dim..(q0 + qn) * self.dim], qn, k, 0, opts);
-                self.call(&w.buf, opts.timeout_ms, |resp| {
+                self.write_recall(&mut w, qn, k, 0, opts);
+                let qb = f32_bytes(&queries[q0 * self.dim..(q0 + qn) * self.dim]);
+                self.call_parts(&[&w.buf, qb], opts.timeout_ms, |resp| {
                     let mut r = Reader::new(resp);
                     let cs = r.u32s(qn, "counts")?;
                     let total: usize = cs.iter().map(|&c| c as usize).sum();

@@ -15,6 +15,11 @@
 //! - [`persist`]: write-ahead log and snapshots.
 //! - [`ffi`]: the C ABI (the only `extern "C"` surface besides `jni`).
 
+// The shared-memory protocol writes f32 slices as their in-memory bytes and reads them as
+// little-endian values (protocol::f32_bytes / f32_view).
+#[cfg(target_endian = "big")]
+compile_error!("Kalos supports little-endian targets only");
+
 /// cbindgen:ignore
 pub mod client;
 /// cbindgen:ignore

@@ -74,11 +74,7 @@ impl Writer {
         self
     }
     pub fn f32s(&mut self, v: &[f32]) -> &mut Self {
-        // f32 slices are written in bulk: on little-endian targets the in-memory bytes are the
-        // wire bytes.
-        // SAFETY: any f32 slice is readable as bytes of 4× its length.
-        let b = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) };
-        self.buf.extend_from_slice(b);
+        self.buf.extend_from_slice(f32_bytes(v));
         self
     }
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
@@ -91,6 +87,24 @@ impl Writer {
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
+}
+
+/// The wire bytes of an f32 slice: f32 slices are written in bulk, since on little-endian
+/// targets (the only ones the crate builds for) the in-memory bytes are the wire bytes.
+pub fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 slice is readable as bytes of 4× its length; the borrow keeps it alive.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// Wire bytes read in place as f32 values, when they are 4-byte aligned (else None: copy them
+/// with `Reader::f32s`). `b.len()` must be a multiple of 4.
+pub fn f32_view(b: &[u8]) -> Option<&[f32]> {
+    if !cfg!(target_endian = "little") || b.len() % 4 != 0 || (b.as_ptr() as usize) % std::mem::align_of::<f32>() != 0 {
+        return None;
+    }
+    // SAFETY: aligned for f32 (checked), length a multiple of 4, every bit pattern is a valid
+    // f32, and the view borrows `b`, so it lives no longer than the bytes.
+    Some(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) })
 }
 
 pub struct Reader<'a> {

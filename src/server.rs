@@ -9,6 +9,7 @@
 //! `server_parked` flag is set), waking every 250 ms for housekeeping: heartbeat, reclaiming
 //! slots of dead clients, purging expired memories, log sync and snapshots.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -711,20 +712,21 @@ impl Server {
     /// Parses every recall in the batch, groups them by (filter, recency) and runs each group as
     /// one engine call with the group's largest k.
     fn do_recalls(&mut self, batch: &[Pending], results: &mut [Option<(Status, Vec<u8>)>]) {
-        struct Group {
+        struct Group<'a> {
             filter: Filter,
             recency: Option<Recency>,
-            queries: Vec<f32>,
+            // A lone request's queries are read in place from its (private) request copy.
+            queries: Cow<'a, [f32]>,
             jobs: Vec<RecallJob>,
             k: usize,
         }
-        let mut groups: Vec<Group> = Vec::new();
+        let mut groups: Vec<Group<'_>> = Vec::new();
         let mut keymap: HashMap<(Option<Vec<u64>>, u32, u64), usize> = HashMap::new();
         for (i, p) in batch.iter().enumerate() {
             if p.op() != OP_RECALL {
                 continue;
             }
-            let parsed = (|| -> Result<(usize, usize, u32, Filter, Option<Recency>, Vec<f32>)> {
+            let parsed = (|| -> Result<(usize, usize, u32, Filter, Option<Recency>, Cow<'_, [f32]>)> {
                 let mut r = Reader::new(p.body());
                 let k = r.u32("k")? as usize;
                 check_k(k)?;
@@ -758,10 +760,14 @@ impl Server {
                         format!("recall carries {} query bytes; {nq} queries of dimension {} need {}", r.remaining(), self.dim, nvals * 4),
                     ));
                 }
-                let mut q = r.f32s(nvals, "queries")?;
+                let qb = r.take(nvals * 4, "queries")?;
+                let mut q: Cow<'_, [f32]> = match f32_view(qb) {
+                    Some(v) => Cow::Borrowed(v),
+                    None => Cow::Owned(qb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+                };
                 check_finite(&q, "query")?;
                 if self.metric == Metric::Cosine {
-                    for row in q.chunks_exact_mut(self.dim) {
+                    for row in q.to_mut().chunks_exact_mut(self.dim) {
                         let n = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
                         if n == 0.0 {
                             return Err(Error::new(Status::InvalidArgument, "a cosine query must not be all zeros"));
@@ -777,7 +783,7 @@ impl Server {
                 Ok((k, nq, flags, filter, recency, q)) => {
                     let key = (filter.namespaces.clone(), recency.map_or(0, |r| r.weight.to_bits()), recency.map_or(0, |r| r.half_life_ms.to_bits()));
                     let gi = *keymap.entry(key).or_insert_with(|| {
-                        groups.push(Group { filter, recency, queries: Vec::new(), jobs: Vec::new(), k: 0 });
+                        groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), jobs: Vec::new(), k: 0 });
                         groups.len() - 1
                     });
                     let g = &mut groups[gi];
@@ -785,7 +791,7 @@ impl Server {
                     if g.queries.is_empty() {
                         g.queries = q; // a lone (or first) request's queries: no copy
                     } else {
-                        g.queries.extend_from_slice(&q);
+                        g.queries.to_mut().extend_from_slice(&q);
                     }
                     g.k = g.k.max(k);
                     g.jobs.push(RecallJob { idx: i, k, nq, flags, q_off });
