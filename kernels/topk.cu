@@ -974,7 +974,13 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsig
         // NaN there, so both paths agree on every value).
         bool maybe = true;
         if (plain && lb != 0u) {
-            const float tf = key2f(lb);
+#if METRIC == 2
+            // The exact path computes the same l2_score; a margin of a few ulps keeps the fast
+            // rejection conservative even if the compiler contracted the two differently.
+            const float tf = key2f(lb) - fabsf(key2f(lb)) * 1e-6f;
+#else
+            const float tf = key2f(lb);  // the key of x is f2key(x): the same value, no margin
+#endif
             maybe = false;
 #pragma unroll
             for (int u = 0; u < FU; u++) {
