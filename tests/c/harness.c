@@ -147,7 +147,11 @@ static int child_client(const char *name, const float *table, const uint64_t *id
             continue;
         }
         size_t m = reference(table, ids, NROWS, DIM, q, K, ref, scratch);
-        if (!agree(rid, rsc, cnt, ref, m)) bad++;
+        if (!agree(rid, rsc, cnt, ref, m)) {
+            fprintf(stderr, "child query %d: %zu hits (want %zu), first id %llu (want %llu)\n", i, cnt, m,
+                    (unsigned long long)(cnt ? rid[0] : 0), (unsigned long long)(m ? ref[0].id : 0));
+            bad++;
+        }
     }
     /* A batch too. */
     float qs[4 * DIM];
@@ -156,10 +160,17 @@ static int child_client(const char *name, const float *table, const uint64_t *id
     float bsc[4 * K];
     size_t bcnt[4];
     st = kalos_recall_batch(h, qs, 4 * DIM, 4, K, NULL, bid, 4 * K, bsc, 4 * K, bcnt, 4);
-    if (st != KALOS_OK) bad++;
+    if (st != KALOS_OK) {
+        fprintf(stderr, "child batch: %s\n", kalos_last_error());
+        bad++;
+    }
     for (int j = 0; st == KALOS_OK && j < 4; j++) {
         size_t m = reference(table, ids, NROWS, DIM, qs + j * DIM, K, ref, scratch);
-        if (!agree(bid + j * K, bsc + j * K, bcnt[j], ref, m)) bad++;
+        if (!agree(bid + j * K, bsc + j * K, bcnt[j], ref, m)) {
+            fprintf(stderr, "child batch query %d: %zu hits (want %zu), first id %llu (want %llu)\n", j, bcnt[j], m,
+                    (unsigned long long)(bcnt[j] ? bid[j * K] : 0), (unsigned long long)(m ? ref[0].id : 0));
+            bad++;
+        }
     }
     free(scratch);
     kalos_close(h);
