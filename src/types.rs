@@ -243,8 +243,13 @@ pub fn validate_name(name: &str) -> Result<()> {
 
 /// Checks that every value is finite.
 pub fn check_finite(v: &[f32], what: &str) -> Result<()> {
-    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-        return Err(Error::new(Status::NonFinite, format!("{what} holds a non-finite value ({}) at index {i}", v[i])));
+    // Branch-free over blocks of 64 (the compiler vectorises the fold; an early-exit scan does
+    // not): a 3 MB batch is checked on both sides of every request.
+    for (b, chunk) in v.chunks(64).enumerate() {
+        if !chunk.iter().fold(true, |ok, x| ok & x.is_finite()) {
+            let i = b * 64 + chunk.iter().position(|x| !x.is_finite()).unwrap_or(0);
+            return Err(Error::new(Status::NonFinite, format!("{what} holds a non-finite value ({}) at index {i}", v[i])));
+        }
     }
     Ok(())
 }
@@ -254,4 +259,28 @@ pub fn check_k(k: usize) -> Result<()> {
         return Err(Error::new(Status::KOutOfRange, format!("k = {k}; k must be between 1 and {MAX_K}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_finite_reports_the_first_bad_index_in_any_block() {
+        let n = 64 * 5 + 7;
+        assert!(check_finite(&vec![1.5f32; n], "v").is_ok());
+        assert!(check_finite(&[], "v").is_ok());
+        for &bad in &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for &i in &[0, 1, 63, 64, 65, 127, 200, n - 1] {
+                let mut v = vec![0.25f32; n];
+                v[i] = bad;
+                if i + 3 < n {
+                    v[i + 3] = f32::NAN; // a later bad value must not be the one reported
+                }
+                let e = check_finite(&v, "v").unwrap_err();
+                assert_eq!(e.status, Status::NonFinite);
+                assert!(e.message.ends_with(&format!("at index {i}")), "{}", e.message);
+            }
+        }
+    }
 }
