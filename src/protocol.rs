@@ -20,6 +20,8 @@
 //!
 //! An error response carries the UTF-8 message as its body and a non-zero status.
 
+use std::borrow::Cow;
+
 use crate::error::{Error, Result, Status};
 
 pub const OP_RECALL: u32 = 1;
@@ -97,7 +99,7 @@ pub fn f32_bytes(v: &[f32]) -> &[u8] {
 }
 
 /// Wire bytes read in place as f32 values, when they are 4-byte aligned (else None: copy them
-/// with `Reader::f32s`). `b.len()` must be a multiple of 4.
+/// with `Reader::f32s`; `Reader::f32s_cow` does either). `b.len()` must be a multiple of 4.
 pub fn f32_view(b: &[u8]) -> Option<&[f32]> {
     if !cfg!(target_endian = "little") || b.len() % 4 != 0 || (b.as_ptr() as usize) % std::mem::align_of::<f32>() != 0 {
         return None;
@@ -156,6 +158,15 @@ impl<'a> Reader<'a> {
         out.clear();
         out.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())));
         Ok(())
+    }
+    /// n f32 values read in place from the message when they are aligned (no copy), else
+    /// copied as `f32s` does.
+    pub fn f32s_cow(&mut self, n: usize, what: &str) -> Result<Cow<'a, [f32]>> {
+        let b = self.take(n.checked_mul(4).ok_or_else(|| malformed(what))?, what)?;
+        Ok(match f32_view(b) {
+            Some(v) => Cow::Borrowed(v),
+            None => Cow::Owned(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+        })
     }
     pub fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>> {
         let mut v = Vec::new();

@@ -760,11 +760,7 @@ impl Server {
                         format!("recall carries {} query bytes; {nq} queries of dimension {} need {}", r.remaining(), self.dim, nvals * 4),
                     ));
                 }
-                let qb = r.take(nvals * 4, "queries")?;
-                let mut q: Cow<'_, [f32]> = match f32_view(qb) {
-                    Some(v) => Cow::Borrowed(v),
-                    None => Cow::Owned(qb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-                };
+                let mut q = r.f32s_cow(nvals, "queries")?;
                 check_finite(&q, "query")?;
                 if self.metric == Metric::Cosine {
                     for row in q.to_mut().chunks_exact_mut(self.dim) {

@@ -461,6 +461,12 @@ struct FilterStep {
     smem: u32,
 }
 
+/// Dynamic shared memory of batch_filter for k results and `fstep` rows per step: survivor slots
+/// sb = k + fstep * 3 / 2, then k selection slots, (key, row) each (the kernel's layout).
+fn filter_smem(k: usize, fstep: usize) -> usize {
+    (2 * k + fstep * 3 / 2) * 8
+}
+
 fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
@@ -551,7 +557,7 @@ impl CudaEngine {
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
-        let smem_filter = (2 * KMAX + fstep * 3 / 2) * 8;
+        let smem_filter = filter_smem(KMAX, fstep);
         for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (Some(f_filter), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
             let Some(f) = f else { continue };
             ck("cuFuncSetAttribute", unsafe {
@@ -1026,8 +1032,9 @@ impl CudaEngine {
         let alpha = 1.0f32;
         let beta = 0.0f32;
         let a = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
-        // SAFETY: a, d_q and d_scores are device buffers of at least rows*dp, m*dp and rows*m
-        // elements (ensure_capacity / ensure_batch), on the engine's stream.
+        // SAFETY: a, d_q and d_scores are device buffers of at least rows*dp, m*dp and ldc*m
+        // elements (ensure_capacity; ensure_batch sizes the score tile for the tile's rows, of
+        // which ldc = align_up(rows, 4) is at most), on the engine's stream.
         unsafe {
             if self.dtype == Dtype::F32 {
                 ckb(
@@ -1116,7 +1123,7 @@ impl CudaEngine {
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let d_thr = b.d_thr.ptr;
         let smem = SMEM_MAIN as u32;
-        let fsmem = ((2 * k + fstep * 3 / 2) * 8) as u32;
+        let fsmem = filter_smem(k, fstep) as u32;
         let mut ids = vec![0u64; nqt * k];
         let mut scores = vec![0f32; nqt * k];
         let mut counts = vec![0u32; nqt];
