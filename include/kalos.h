@@ -182,7 +182,8 @@ typedef struct kalos_options {
   uint32_t mode;
   // Largest payload per memory (default 65536).
   uint32_t max_payload_bytes;
-  // Client busy-wait before sleeping, ns (default 50000; 0 = sleep at once).
+  // Client busy-wait before sleeping, ns (default 50000; 0 = sleep at once). When the handle's
+  // recent answers took longer, the wait stretches to twice their time, at most 500 µs.
   uint64_t client_spin_ns;
   // Server busy-poll window after the last request, ns (default 2000000; 0 = park at once).
   uint64_t server_spin_ns;

@@ -564,6 +564,7 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
     u32* srow = skey + KMAX;
     u64* sid = (u64*)(srow + KMAX);
     if (total > MCAP) {  // many candidates (large k, ties): select straight from global memory
+        if (PROF && t == 0) stamp(out, 5);
         FlatAcc a{ckey, crow, lo, ids};
         const u32 c = select_to(a, total, k, S, skey, srow);
         sort_and_write(skey, srow, sid, c, ids, out_ids, out_scores, (u32*)out);
@@ -598,6 +599,10 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
     }
     __syncthreads();
     const u32 c = S.cnt;
+    if (PROF && t == 0) {
+        stamp(out, 5);
+        ((volatile u64*)(out + PROF_OFF))[8] = ((u64)total << 32) | c;  // candidates, survivors
+    }
     __syncthreads();
     if (c <= NT) {
         rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out);
@@ -791,6 +796,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     __threadfence();
     const u32 bound = __ldcg(ctl + 1), total = __ldcg(ctl + 2);
     __syncthreads();
+    if (PROF && t == 0) stamp(out, 4);
     if (t == 0) {  // ready for the next replay (every other block is done with ctl)
         ctl[0] = 0u;
         ctl[1] = 0u;
@@ -800,9 +806,10 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __syncthreads();
-    if (PROF && t == 0) stamp(out, 4);
+    if (PROF && t == 0) stamp(out, 6);
     __threadfence_system();
     __syncthreads();
+    if (PROF && t == 0) stamp(out, 7);
     if (t == 0) *(volatile u32*)(out + 4) = P.seq;
 }
 

@@ -3,10 +3,14 @@
 //! Wait strategy: after submitting, a client spins for `client_spin_ns` (bounded), then sleeps
 //! in a shared futex wait on its slot's state word in steps of at most 20 ms, checking the
 //! server's liveness and its own deadline between steps. Nothing blocks without a deadline.
+//! When the handle's recent answers took longer than `client_spin_ns` (a GPU search of a large
+//! table), the spin window stretches to twice the recent answer time, at most
+//! [`ADAPTIVE_SPIN_CAP`]: a futex wake-up costs ~10 µs, which a 60 µs request should not pay.
+//! `client_spin_ns = 0` still means "sleep at once".
 
 use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,7 +40,8 @@ pub struct Options {
     /// Permission bits of the segment (default 0o600).
     pub mode: u32,
     pub max_payload_bytes: u32,
-    /// Client busy-wait before sleeping on the futex (0 = sleep at once).
+    /// Client busy-wait before sleeping on the futex (0 = sleep at once); stretched to twice the
+    /// handle's recent answer time, at most [`ADAPTIVE_SPIN_CAP`].
     pub client_spin_ns: u64,
     /// Server busy-poll window after its last request before it parks (0 = park at once).
     pub server_spin_ns: u64,
@@ -137,6 +142,21 @@ pub struct Kalos {
     start_ticks: u64,
     next_slot: AtomicUsize,
     closed: AtomicBool,
+    /// Smoothed answer time of this handle's recent requests (ns): stretches the spin window.
+    recent_ns: AtomicU64,
+}
+
+/// The longest a client spins (polling, yielding between polls) for an answer, however slow its
+/// recent answers were, before it sleeps on the futex.
+pub const ADAPTIVE_SPIN_CAP: Duration = Duration::from_micros(500);
+
+/// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
+fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
+    if spin_ns == 0 {
+        return Duration::ZERO;
+    }
+    let adaptive = recent_ns.saturating_mul(2).min(ADAPTIVE_SPIN_CAP.as_nanos() as u64);
+    Duration::from_nanos(spin_ns.max(adaptive))
 }
 
 thread_local! {
@@ -216,6 +236,7 @@ impl Kalos {
             pid: std::process::id(),
             start_ticks: shm::self_start_ticks(),
             next_slot: AtomicUsize::new(std::process::id() as usize),
+            recent_ns: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         }
     }
@@ -370,16 +391,23 @@ impl Kalos {
         let slot = self.seg.slot(slot_i);
         let done = shm::with_state(submitted, shm::SLOT_DONE);
         let t0 = Instant::now();
-        if self.spin_ns > 0 {
+        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed));
+        // Smoothed answer time (1/4 of the new sample): only completed waits update it.
+        let note = |t0: Instant| {
+            let e = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            let r = self.recent_ns.load(Ordering::Relaxed);
+            self.recent_ns.store(if r == 0 { e } else { r - r / 4 + e / 4 }, Ordering::Relaxed);
+        };
+        if !spin.is_zero() {
             // Busy-wait for the first few microseconds (a warm server answers a small request in
             // about a microsecond), then keep polling but yield the CPU between polls: when the
             // machine has fewer free cores than spinners, a pure spin would hold the core the
             // server needs for the rest of its time slice.
-            let spin = Duration::from_nanos(self.spin_ns);
             let hot = Duration::from_nanos(self.spin_ns.min(5_000));
             let mut i = 0u32;
             loop {
                 if slot.state.load(Ordering::Acquire) == done {
+                    note(t0);
                     return Ok(());
                 }
                 i = i.wrapping_add(1);
@@ -401,6 +429,7 @@ impl Kalos {
             let w = slot.state.load(Ordering::SeqCst);
             if w == done {
                 slot.waiting.store(0, Ordering::Relaxed);
+                note(t0);
                 return Ok(());
             }
             let now = Instant::now();
@@ -783,5 +812,20 @@ impl Kalos {
 impl Drop for Kalos {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_window_stretches_to_recent_answers_within_the_cap() {
+        assert_eq!(spin_window(0, 80_000), Duration::ZERO, "0 keeps meaning sleep at once");
+        assert_eq!(spin_window(50_000, 0), Duration::from_micros(50));
+        assert_eq!(spin_window(50_000, 10_000), Duration::from_micros(50));
+        assert_eq!(spin_window(50_000, 60_000), Duration::from_micros(120));
+        assert_eq!(spin_window(50_000, 10_000_000), ADAPTIVE_SPIN_CAP);
+        assert_eq!(spin_window(2_000_000, 10_000_000), Duration::from_millis(2), "a longer configured spin wins");
     }
 }

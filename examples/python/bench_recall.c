@@ -52,6 +52,7 @@ int main(int argc, char **argv) {
     kalos_options o;
     kalos_options_init(&o);
     o.role = KALOS_ROLE_CLIENT;
+    if (getenv("BENCH_SPIN_NS")) o.client_spin_ns = strtoull(getenv("BENCH_SPIN_NS"), NULL, 10);
     kalos_handle *h = NULL;
     if (kalos_open(name, &o, &h) != KALOS_OK) {
         fprintf(stderr, "kalos_open: %s\n", kalos_last_error());

@@ -424,7 +424,9 @@ pub struct CudaEngine {
     /// GPU round trips (graph launch -> results published), ns, for the drop-time report.
     rtt: Vec<u32>,
     /// KALOS_PROF=1: per request, the kernel's phase durations (ns) from its timestamps.
-    prof: Option<Vec<[u32; 4]>>,
+    prof: Option<Vec<[u32; 9]>>,
+    /// Engine time of each batched search (ns), reported with KALOS_CUDA_REPORT.
+    batch_times: Vec<u64>,
     d_ckey: DevBuf,
     d_crow: DevBuf,
     /// Merge control of the single-query kernel: [ticket, bound, candidates appended, 0].
@@ -614,11 +616,12 @@ impl CudaEngine {
             gen: 0,
             h_in: HostBuf::new(PARAMS_BYTES + dp * 4)?,
             d_in: DevBuf::new(PARAMS_BYTES + dp * 4, "query")?,
-            h_out: HostBuf::with_flags(PROF_OFF + 64, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
+            h_out: HostBuf::with_flags(PROF_OFF + 128, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
             prof: if prof { Some(Vec::with_capacity(1 << 16)) } else { None },
             d_out: 0,
             seq: 0,
             rtt: Vec::with_capacity(1 << 16),
+            batch_times: Vec::new(),
             d_ckey: DevBuf::empty(),
             d_crow: DevBuf::empty(),
             d_ticket: DevBuf::new(16, "merge control")?,
@@ -946,10 +949,17 @@ impl CudaEngine {
             self.rtt.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
         }
         if let Some(v) = self.prof.as_mut() {
-            // SAFETY: h_out holds PROF_OFF + 64 bytes; the kernel wrote 5 stamps before publishing.
-            let st: [u64; 5] = std::array::from_fn(|i| unsafe { std::ptr::read_volatile((self.h_out.ptr.add(PROF_OFF) as *const u64).add(i)) });
+            // SAFETY: h_out holds PROF_OFF + 128 bytes; the kernel wrote 8 stamps and the
+            // merge's candidate counts before publishing.
+            let st: [u64; 9] = std::array::from_fn(|i| unsafe { std::ptr::read_volatile((self.h_out.ptr.add(PROF_OFF) as *const u64).add(i)) });
             if v.len() < v.capacity() {
-                v.push(std::array::from_fn(|i| st[i + 1].saturating_sub(st[i]).min(u32::MAX as u64) as u32));
+                let mut a: [u32; 9] = [0; 9];
+                for i in 0..7 {
+                    a[i] = st[i + 1].saturating_sub(st[i]).min(u32::MAX as u64) as u32;
+                }
+                a[7] = (st[8] >> 32) as u32;
+                a[8] = st[8] as u32;
+                v.push(a);
             }
         }
         let out = unsafe { std::slice::from_raw_parts(self.h_out.ptr as *const u8, 8 + 12 * k) };
@@ -1091,6 +1101,7 @@ impl CudaEngine {
     /// storage) and filtered per query against a running threshold into a bounded candidate
     /// buffer (kernels/topk.cu, "Batches"); a final kernel selects and sorts each query's top k.
     fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        let t_start = std::time::Instant::now();
         let n = self.len;
         let dim = self.dim;
         let k = req.k.min(KMAX);
@@ -1127,7 +1138,6 @@ impl CudaEngine {
         let mut ids = vec![0u64; nqt * k];
         let mut scores = vec![0f32; nqt * k];
         let mut counts = vec![0u32; nqt];
-        let t_start = std::time::Instant::now();
         out.clear();
         for q0 in (0..nq_all).step_by(nqt) {
             let m = (nq_all - q0).min(nqt);
@@ -1211,6 +1221,9 @@ impl CudaEngine {
                 }
                 out.push((0..c).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }).collect());
             }
+        }
+        if self.batch_times.len() < 1 << 16 {
+            self.batch_times.push(t_start.elapsed().as_nanos() as u64);
         }
         if self.batch_profile {
             let fs = FilterStep { m: nq_all.min(nqt), span, cap, high, smem: fsmem };
@@ -1323,6 +1336,17 @@ impl Drop for CudaEngine {
                 v[(v.len() * 99) / 100] as f64 / 1000.0
             );
         }
+        if !self.batch_times.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
+            let mut v = self.batch_times.clone();
+            v.sort_unstable();
+            eprintln!(
+                "kalos cuda engine ({}): {} batched searches, engine time p50 {:.3} ms, min {:.3} ms",
+                self.describe(),
+                v.len(),
+                v[v.len() / 2] as f64 / 1e6,
+                v[0] as f64 / 1e6
+            );
+        }
         if let Some(v) = self.prof.as_ref().filter(|v| !v.is_empty()) {
             let p50 = |i: usize| {
                 let mut x: Vec<u32> = v.iter().map(|a| a[i]).collect();
@@ -1330,13 +1354,19 @@ impl Drop for CudaEngine {
                 x[x.len() / 2] as f64 / 1000.0
             };
             eprintln!(
-                "kalos cuda kernel phases ({}), p50 of {}: block-0 scan {:.1} us, block-0 select {:.1} us, wait for the last block {:.1} us, final merge {:.1} us",
+                "kalos cuda kernel phases ({}), p50 of {}: block-0 scan {:.1} us, block-0 select {:.1} us, wait for the last block {:.1} us, final merge {:.1} us (read bound {:.1}, compact {:.1}, rank+write {:.1}), publish fence {:.1} us; merge candidates {:.0}, survivors {:.0}",
                 self.describe(),
                 v.len(),
                 p50(0),
                 p50(1),
                 p50(2),
-                p50(3)
+                p50(3) + p50(4) + p50(5),
+                p50(3),
+                p50(4),
+                p50(5),
+                p50(6),
+                p50(7) * 1000.0,
+                p50(8) * 1000.0
             );
         }
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {

@@ -102,6 +102,20 @@ def bench_kalos(lib, n, dim, dtype, backend, batch=0):
         res = dict(p50_us=pct(lat, 50), p99_us=pct(lat, 99), mean_us=float(np.mean(lat)), n_req=len(lat),
                    client="kalos package" if kpkg is not None else "kalos_ct",
                    engine=st.stats().engine_name.decode(), server_p50_us=st.stats().p50_ns / 1000.0)
+        # The same server from a C client (examples/python/bench_recall.c, staged as bench_recall):
+        # client p50 without Python, to split the client-server gap into Python and transport.
+        cb = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_recall")
+        if os.path.exists(cb):
+            o = None
+            try:
+                o = subprocess.run([cb, name, str(NREQ), str(K)], capture_output=True, text=True, timeout=60,
+                                   env=dict(os.environ, BENCH_SPIN_NS="1000000000"))
+                kv = dict(x.split("=") for x in o.stdout.split() if "=" in x)
+                res["c_p50_us"] = int(kv["c_p50_ns"]) / 1000.0
+                res["c_p99_us"] = int(kv["c_p99_ns"]) / 1000.0
+                print("  C client (same server): p50 %.1f us p99 %.1f us" % (res["c_p50_us"], res["c_p99_us"]), flush=True)
+            except Exception as e:  # a tuning aid: never fail the benchmark for it
+                print("  C client failed: %r %s" % (e, (o.stderr if o is not None else "")[:200]), flush=True)
         if batch:
             # Timed through the kalos package when present (arrays back, what users call); the
             # minimal ctypes wrapper splits results into per-query lists in Python (~0.5 ms per
@@ -204,12 +218,15 @@ def main():
         ("10k x 768 f32", 10_000, 768, F32, None, 0),
         ("100k x 768 f32", 100_000, 768, F32, None, 0),
     ]
+    # Transport probes, only when named in BENCH_ONLY: the CPU engine on a 16-row table, so the
+    # client p50 is almost all request/response cost (shared memory, Python, server loop).
+    probes = [("16 x 128 f32 cpu", 16, 128, F32, None, 0), ("16 x 768 f32 cpu", 16, 768, F32, None, 0)]
     only = os.environ.get("BENCH_ONLY")
-    for label, n, dim, dt, target, batch in configs:
-        if only and not any(o.strip() == label for o in only.split(",")):
+    for label, n, dim, dt, target, batch in configs + probes:
+        if (only or (label, n, dim, dt, target, batch) in probes) and not any(o.strip() == label for o in (only or "").split(",")):
             continue
         try:
-            kr, X = bench_kalos(lib, n, dim, dt, CUDA, batch)
+            kr, X = bench_kalos(lib, n, dim, dt, CPU if label.endswith(" cpu") else CUDA, batch)
             if os.environ.get("BENCH_NO_TORCH"):
                 tr = dict(p50_us=float("nan"), p99_us=float("nan"), batch_qps=float("nan"))
             else:

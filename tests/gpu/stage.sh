@@ -8,9 +8,12 @@ cargo build --release
 mkdir -p tests/c/build
 gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -Ltarget/release -lkalos \
   -Wl,-rpath,'$ORIGIN' -lm -o tests/c/build/harness_gpu
+gcc -O2 -Iinclude examples/python/bench_recall.c -Ltarget/release -lkalos -Wl,-rpath,'$ORIGIN' \
+  -o tests/c/build/bench_recall_gpu
 rm -rf .gpu && mkdir -p .gpu/python
 cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh .gpu/
 cp tests/c/build/harness_gpu .gpu/c_harness
+cp tests/c/build/bench_recall_gpu .gpu/bench_recall
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > .gpu/COMMIT
