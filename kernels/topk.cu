@@ -518,34 +518,94 @@ __device__ void rank_write(const u32* mkey, const u32* mrow, u32 c, u32 k, const
     if (t == 0) *out_count = min(c, k);
 }
 
-// Top k of m <= SMALL_ROWS chunk keys (rows row0..row0+m) by rank: thread i counts the keys
-// better than its own, using ids only where keys tie; one pass over shared memory instead of the
-// radix passes, for blocks with few rows (small tables). The work is m * m compares: with 253
-// rows it took 7.4 us against 5.0 for the radix select on the H200, hence the bound. Writes
-// (key, row) at its rank (ranks are distinct); returns the count, in every thread.
-#define SMALL_ROWS 64
-__device__ u32 select_small(const u32* keys, u32 m, u32 row0, u32 k, const u64* ids, u32* okey, u32* orow) {
+// A lower bound of the k-th largest (k <= BOUND_K) of the values the block holds, one `tmax` per
+// thread (that thread's largest; 0 for none): the k-th largest of the maxima of the 32 groups of 8
+// threads. k disjoint groups each hold a value at or above it, so the k-th value cannot be below
+// it; it is 0 when fewer than k groups hold a value. Must be reached by every thread; uses
+// S.hist as scratch; returns the bound in every thread.
+#define BOUND_K 32
+__device__ __forceinline__ u32 group_max_bound(u32 tmax, u32 k, SelShared& S) {
     const u32 t = threadIdx.x;
-    const u32 kk = t < m ? keys[t] : 0u;
-    u32 r = 0, eq = 0;
+    u32 g = tmax;
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) g = max(g, __shfl_xor_sync(0xffffffffu, g, o));
+    if ((t & 7) == 0) S.hist[t >> 3] = g;
+    __syncthreads();
+    if (t < NT / 8) {  // rank of each group maximum (ties by group index: ranks are distinct)
+        const u32 v = S.hist[t];
+        u32 r = 0;
+#pragma unroll 8
+        for (u32 j = 0; j < NT / 8; j++) {
+            const u32 w = S.hist[j];
+            r += (w > v || (w == v && j < t)) ? 1u : 0u;
+        }
+        if (r == k - 1) S.hist[NT / 8] = v;
+    }
+    __syncthreads();
+    const u32 b = S.hist[NT / 8];
+    __syncthreads();
+    return b;
+}
+
+// Rank selection of c <= NT entries (keys ckey, shared memory; rows crow, or row0 + i when crow
+// is null) into okey/orow: thread i counts the entries better than its own (key desc, then lower
+// id: ids are read only where keys tie) and writes it at that rank when it is among the first k.
+// Ranks are distinct, so the output is sorted and dense. Key 0 (a row the request may not see) is
+// skipped. The work is c * c compares: fine for a few dozen entries, or for blocks of at most
+// SMALL_ROWS rows (with 253 rows it took 7.4 us against 5.0 for the radix select on the H200).
+// Returns the count, in every thread; must be reached by every thread.
+#define SMALL_ROWS 64
+__device__ __forceinline__ u32 rank_select(const u32* ckey, const u32* crow, u32 row0, u32 c, u32 k, const u64* ids,
+                                           u32* okey, u32* orow) {
+    const u32 t = threadIdx.x;
+    const u32 kk = t < c ? ckey[t] : 0u;
     if (kk != 0u) {
-        for (u32 j = 0; j < m; j++) {
-            const u32 kj = keys[j];
+        const u32 row = crow ? crow[t] : row0 + t;
+        u32 r = 0, eq = 0;
+        for (u32 j = 0; j < c; j++) {
+            const u32 kj = ckey[j];
             r += kj > kk ? 1u : 0u;
             eq += (kj == kk && j != t) ? 1u : 0u;
         }
         if (eq && r < k) {  // tied keys: the lower id ranks first
-            const u64 id = ids[row0 + t];
-            for (u32 j = 0; j < m; j++)
-                if (j != t && keys[j] == kk && ids[row0 + j] < id) r++;
+            const u64 id = ids[row];
+            for (u32 j = 0; j < c; j++)
+                if (j != t && ckey[j] == kk && ids[crow ? crow[j] : row0 + j] < id) r++;
         }
         if (r < k) {
             okey[r] = kk;
-            orow[r] = row0 + t;
+            orow[r] = row;
         }
     }
-    const u32 valid = (u32)__syncthreads_count(kk != 0u);
-    return min(valid, k);
+    return min((u32)__syncthreads_count(kk != 0u), k);
+}
+
+// Top k (k <= BOUND_K) of m chunk keys (keys[0..m), rows row0 + i, shared memory): every key below
+// group_max_bound is dropped, the few left (usually about k) are compacted into ckey/crow and
+// ranked directly, instead of the radix passes. Returns the count (sorted, dense, in okey/orow),
+// or NONE_U32 when more than NT keys reach the bound (heavy ties): the caller then selects by
+// radix. Must be reached by every thread.
+__device__ __noinline__ u32 select_bound(const u32* keys, u32 m, u32 row0, u32 k, const u64* ids, u32* ckey, u32* crow,
+                                         u32* okey, u32* orow, SelShared& S) {
+    const u32 t = threadIdx.x;
+    u32 tmax = 0u;
+    for (u32 i = t; i < m; i += NT) tmax = max(tmax, keys[i]);
+    if (t == 0) S.cnt = 0;
+    const u32 lo = max(group_max_bound(tmax, k, S), 1u);  // key 0: a row the request may not see
+    for (u32 i = t; i < m; i += NT) {
+        const u32 kk = keys[i];
+        if (kk >= lo) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            if (p < NT) {
+                ckey[p] = kk;
+                crow[p] = row0 + i;
+            }
+        }
+    }
+    __syncthreads();
+    const u32 c = S.cnt;
+    if (c > NT) return NONE_U32;
+    return rank_select(ckey, crow, 0u, c, k, ids, okey, orow);
 }
 
 // Final merge of the single-query path (the last block): the blocks appended `total` candidates,
@@ -571,30 +631,35 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
         return;
     }
     if (t == 0) S.cnt = 0;
-    __syncthreads();
-    // 16 consecutive entries per thread in 16-byte loads: up to NT*16 = MCAP entries in one
-    // memory round trip. Entries past `total` are left from earlier requests: masked by index
+    // 16 consecutive entries per thread in 16-byte loads: all of them (total <= MCAP = NT*16) in
+    // one memory round trip. Entries past `total` are left from earlier requests: masked by index
     // (a load never passes the allocation: it holds a multiple of 4 entries >= total).
-    for (u32 base = t * 16; base < total; base += NT * 16) {
-        uint4 kv[4], rv[4];
+    const u32 base = t * 16;
+    u32 kk[16], rr[16];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const bool in = base + 4 * u < total;
-            kv[u] = in ? __ldcg((const uint4*)(ckey + base) + u) : make_uint4(0u, 0u, 0u, 0u);
-            rv[u] = in ? __ldcg((const uint4*)(crow + base) + u) : make_uint4(0u, 0u, 0u, 0u);
-        }
+    for (int u = 0; u < 4; u++) {
+        const bool in = base + 4 * u < total;
+        const uint4 kv = in ? __ldcg((const uint4*)(ckey + base) + u) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 rv = in ? __ldcg((const uint4*)(crow + base) + u) : make_uint4(0u, 0u, 0u, 0u);
+        kk[4 * u] = kv.x; kk[4 * u + 1] = kv.y; kk[4 * u + 2] = kv.z; kk[4 * u + 3] = kv.w;
+        rr[4 * u] = rv.x; rr[4 * u + 1] = rv.y; rr[4 * u + 2] = rv.z; rr[4 * u + 3] = rv.w;
+    }
+    u32 lo2 = max(lo, 1u), tmax = 0u;
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const u32 kk[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
-            const u32 rr[4] = {rv[u].x, rv[u].y, rv[u].z, rv[u].w};
+    for (int j = 0; j < 16; j++) {
+        if (base + j >= total || kk[j] < lo2) kk[j] = 0u;
+        tmax = max(tmax, kk[j]);
+    }
+    // The blocks' bound is weak when blocks are small (each block's k-th key of ~100-250 rows):
+    // about 90 % of the entries pass it. The k-th of the group maxima cuts them to about k.
+    if (k <= BOUND_K) lo2 = max(lo2, group_max_bound(tmax, k, S));
+    else __syncthreads();
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (base + 4 * u + j < total && kk[j] != 0u && kk[j] >= lo) {
-                    const u32 p = atomicAdd(&S.cnt, 1u);
-                    mkey[p] = kk[j];
-                    mrow[p] = rr[j];
-                }
-            }
+    for (int j = 0; j < 16; j++) {
+        if (kk[j] != 0u && kk[j] >= lo2) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            mkey[p] = kk[j];
+            mrow[p] = rr[j];
         }
     }
     __syncthreads();
@@ -751,18 +816,25 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (PROF && b == 0 && t == 0) stamp(out, 1);
 
     const u32 k = P.k;
-    // The block's own top k by radix select, or by rank for a block of at most SMALL_ROWS rows
-    // (into shared memory past the keys), then the
+    // The block's own top k: for k <= BOUND_K the keys below the group-max bound are dropped and
+    // the rest ranked; else (or with heavy ties) by radix select, or by rank for a block of at
+    // most SMALL_ROWS rows (into shared memory past the keys). Then the
     // candidates at or above the bound (the best k-th key any block has found so far; ctl[1]) are
     // appended to the flat candidate array (ctl[2] counts them).
     u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
-    u32 got;
-    if (r1 - r0 <= SMALL_ROWS) {
-        got = select_small(keys, r1 - r0, r0, k, T.ids, skey, srow);
-    } else {
-        ChunkAcc ca{keys, r0, T.ids};
-        got = select_to(ca, r1 - r0, k, S, skey, srow);
+    u32 got = NONE_U32;
+    if (k <= BOUND_K) {  // scratch: the 16 KB past the chunk keys, unused until the merge
+        u32* ck = (u32*)(smem + CHUNK * 4);
+        got = select_bound(keys, r1 - r0, r0, k, T.ids, ck, ck + NT, skey, srow, S);
+    }
+    if (got == NONE_U32) {  // k > BOUND_K, or more than NT keys tie at the bound
+        if (r1 - r0 <= SMALL_ROWS) {
+            got = rank_select(keys, nullptr, r0, r1 - r0, k, T.ids, skey, srow);
+        } else {
+            ChunkAcc ca{keys, r0, T.ids};
+            got = select_to(ca, r1 - r0, k, S, skey, srow);
+        }
     }
     const u32 lo = raise_bound(skey, got, k, ctl + 1, S);
     u32* tkey = (u32*)smem;  // the chunk keys are no longer needed

@@ -14,6 +14,7 @@ rm -rf .gpu && mkdir -p .gpu/python
 cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh .gpu/
 cp tests/c/build/harness_gpu .gpu/c_harness
 cp tests/c/build/bench_recall_gpu .gpu/bench_recall
+cp target/release/kalosd .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > .gpu/COMMIT
