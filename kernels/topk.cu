@@ -588,8 +588,11 @@ __device__ __forceinline__ u32 rank_select(const u32* ckey, const u32* crow, u32
 __device__ __noinline__ u32 select_bound(const u32* keys, u32 m, u32 row0, u32 k, const u64* ids, u32* ckey, u32* crow,
                                          u32* okey, u32* orow, SelShared& S) {
     const u32 t = threadIdx.x;
+    // Group g of 8 threads takes the g-th 32nd of the keys, so that all 32 groups hold keys even
+    // in a block of a few dozen rows.
+    const u32 g = t >> 3;
     u32 tmax = 0u;
-    for (u32 i = t; i < m; i += NT) tmax = max(tmax, keys[i]);
+    for (u32 i = g * m / (NT / 8) + (t & 7), e = (g + 1) * m / (NT / 8); i < e; i += 8) tmax = max(tmax, keys[i]);
     if (t == 0) S.cnt = 0;
     const u32 lo = max(group_max_bound(tmax, k, S), 1u);  // key 0: a row the request may not see
     for (u32 i = t; i < m; i += NT) {
@@ -631,23 +634,25 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
         return;
     }
     if (t == 0) S.cnt = 0;
-    // 16 consecutive entries per thread in 16-byte loads: all of them (total <= MCAP = NT*16) in
-    // one memory round trip. Entries past `total` are left from earlier requests: masked by index
-    // (a load never passes the allocation: it holds a multiple of 4 entries >= total).
-    const u32 base = t * 16;
+    // All entries (total <= MCAP = NT*16) in one memory round trip of 16-byte loads: load u of
+    // thread t is vector u*NT + t, so the entries spread over every group of threads (the bound
+    // below needs k groups holding entries). Entries past `total` are left from earlier requests:
+    // masked by index (a load never passes the allocation: it holds a multiple of 4 entries >=
+    // total).
     u32 kk[16], rr[16];
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-        const bool in = base + 4 * u < total;
-        const uint4 kv = in ? __ldcg((const uint4*)(ckey + base) + u) : make_uint4(0u, 0u, 0u, 0u);
-        const uint4 rv = in ? __ldcg((const uint4*)(crow + base) + u) : make_uint4(0u, 0u, 0u, 0u);
+        const u32 v = u * NT + t;
+        const bool in = 4 * v < total;
+        const uint4 kv = in ? __ldcg((const uint4*)ckey + v) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 rv = in ? __ldcg((const uint4*)crow + v) : make_uint4(0u, 0u, 0u, 0u);
         kk[4 * u] = kv.x; kk[4 * u + 1] = kv.y; kk[4 * u + 2] = kv.z; kk[4 * u + 3] = kv.w;
         rr[4 * u] = rv.x; rr[4 * u + 1] = rv.y; rr[4 * u + 2] = rv.z; rr[4 * u + 3] = rv.w;
     }
     u32 lo2 = max(lo, 1u), tmax = 0u;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        if (base + j >= total || kk[j] < lo2) kk[j] = 0u;
+        if (4 * ((j / 4) * NT + t) + (j % 4) >= total || kk[j] < lo2) kk[j] = 0u;
         tmax = max(tmax, kk[j]);
     }
     // The blocks' bound is weak when blocks are small (each block's k-th key of ~100-250 rows):
