@@ -205,14 +205,18 @@ struct Graph {
     node: sys::CUgraphNode,
 }
 
-/// How a single query reaches the GPU (`KALOS_SQ_MODE`, a tuning knob; see docs/GPU.md).
+/// Largest params + query block passed by value by default (dims up to 352 in f32 layout).
+const BYVAL_MAX_BYTES: usize = 2048;
+
+/// How a single query reaches the GPU (`KALOS_SQ_MODE=value|copy`, a tuning knob; see
+/// docs/GPU.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SqMode {
     /// A one-node graph whose kernel takes params + query by value; each request updates the
-    /// node's arguments and replays the graph (default when the argument fits in 4 KiB).
+    /// node's arguments and replays the graph (default up to BYVAL_MAX_BYTES).
     Graph,
     /// A graph of two nodes: a copy of params + query from pinned memory, then the kernel
-    /// (dims whose argument would exceed 4 KiB).
+    /// (larger dims).
     Copy,
 }
 
@@ -367,9 +371,6 @@ struct BatchBufs {
     d_qn: DevBuf,
     d_params: DevBuf,
     d_scores: DevBuf,
-    /// The second score tile of the overlapped batch path (the GEMM of tile t+1 runs while
-    /// tile t is filtered); None when not overlapping or when it could not be allocated.
-    d_scores2: Option<DevBuf>,
     d_bkey: DevBuf,
     d_brow: DevBuf,
     d_bcnt: DevBuf,
@@ -396,11 +397,6 @@ pub struct CudaEngine {
     f_scatter: sys::CUfunction,
     f_convq: sys::CUfunction,
     stream: sys::CUstream,
-    /// The batch filters' stream when GEMMs and filters overlap (KALOS_BATCH_OVERLAP).
-    stream2: sys::CUstream,
-    /// Overlap events: GEMM done into score tile 0/1, filter done with score tile 0/1.
-    ev: [sys::CUevent; 4],
-    overlap: bool,
     blas: cb::cublasHandle_t,
     cc: (i32, i32),
     sms: usize,
@@ -557,8 +553,12 @@ impl CudaEngine {
         };
         let f_scan = getf("scan_topk")?;
         let f_scan_v = if PARAMS_BYTES + dp * 4 <= MAX_ARG_BYTES { Some(getf("scan_topk_v")?) } else { None };
+        // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
+        // round trip was 1.3-2.9 us shorter on the H200 (three runs); at 128 dims they tie.
         let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {
             (_, None) | (Ok("copy"), _) => SqMode::Copy,
+            (Ok("value"), _) => SqMode::Graph,
+            _ if PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES => SqMode::Copy,
             _ => SqMode::Graph,
         };
         let f_filter = getf("batch_filter")?;
@@ -576,12 +576,6 @@ impl CudaEngine {
         }
         let mut stream: sys::CUstream = std::ptr::null_mut();
         ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
-        let mut stream2: sys::CUstream = std::ptr::null_mut();
-        ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream2, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
-        let mut ev: [sys::CUevent; 4] = [std::ptr::null_mut(); 4];
-        for e in ev.iter_mut() {
-            ck("cuEventCreate", unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
-        }
         let mut blas: cb::cublasHandle_t = std::ptr::null_mut();
         ckb("cublasCreate", unsafe { cb::cublasCreate_v2(&mut blas) })?;
         ckb("cublasSetStream", unsafe { cb::cublasSetStream_v2(blas, stream as cb::cudaStream_t) })?;
@@ -609,9 +603,6 @@ impl CudaEngine {
             f_scatter,
             f_convq,
             stream,
-            stream2,
-            ev,
-            overlap: std::env::var("KALOS_BATCH_OVERLAP").map_or(true, |v| v != "0"),
             blas,
             cc: (cc.0, cc.1),
             sms,
@@ -1043,8 +1034,6 @@ impl CudaEngine {
             d_qn: DevBuf::new(nq * 4, "query norms")?,
             d_params: DevBuf::new(PARAMS_BYTES, "batch params")?,
             d_scores: DevBuf::new(nq * tile_rows * 4, "score tile")?,
-            // Optional: without it the batch runs GEMM, filter, GEMM, ... on one stream.
-            d_scores2: if self.overlap { DevBuf::new(nq * tile_rows * 4, "score tile").ok() } else { None },
             d_bkey: DevBuf::new(nq * buf_cap * 4, "batch candidates")?,
             d_brow: DevBuf::new(nq * buf_cap * 4, "batch candidates")?,
             d_bcnt: DevBuf::new(nq * 4, "batch candidate counts")?,
@@ -1150,10 +1139,6 @@ impl CudaEngine {
         self.ensure_batch(nqt, k, tile, cap)?;
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
-        // Overlap: GEMMs on `stream` into tiles 0/1 alternately, filters on `stream2`; events
-        // order each filter after its GEMM and each GEMM after the filter that last read its tile.
-        let two = b.d_scores2.as_ref().map(|d| d.ptr);
-        let sf = if two.is_some() { self.stream2 } else { self.stream };
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let d_thr = b.d_thr.ptr;
         let smem = SMEM_MAIN as u32;
@@ -1200,23 +1185,12 @@ impl CudaEngine {
             for t in 0..ntiles {
                 let row0 = t * tile;
                 let rows = (n - row0).min(tile);
-                let (buf, d_sc) = match two {
-                    Some(d2) if t % 2 == 1 => (1, d2),
-                    _ => (0, d_scores),
-                };
-                if two.is_some() && t >= 2 {
-                    // SAFETY: live events and streams of this engine.
-                    ck("wait filter", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2 + buf], 0) })?;
-                }
-                // Columns start 16-byte aligned for the filter's vector loads.
-                self.gemm_tile(d_q, d_sc, row0, rows, m, align_up(rows, 4))?;
+                // Columns start 16-byte aligned for the filter's vector loads. (GEMM and filter
+                // on two streams, with two score tiles, gained nothing on the H200: the GEMM
+                // kernels fill every SM, so they serialise anyway; docs/benchmarks/gpu.md.)
+                self.gemm_tile(d_q, d_scores, row0, rows, m, align_up(rows, 4))?;
                 t_queued.get_or_insert_with(|| t_start.elapsed());
-                if two.is_some() {
-                    // SAFETY: as above.
-                    ck("record GEMM", unsafe { sys::cuEventRecord(self.ev[buf], self.stream) })?;
-                    ck("wait GEMM", unsafe { sys::cuStreamWaitEvent(sf, self.ev[buf], 0) })?;
-                }
-                let fblocks = self.filter_tile(&fs, row0, rows, d_sc, sf)?;
+                let fblocks = self.filter_tile(&fs, row0, rows)?;
                 // With one filter block per query the filter cuts the buffers itself.
                 if fblocks > 1 && t + 1 < ntiles {
                     let mut targs: [*mut c_void; 8] = [
@@ -1230,12 +1204,8 @@ impl CudaEngine {
                         &mut a_thr as *mut _ as *mut c_void,
                     ];
                     ck("launch batch_tighten", unsafe {
-                        sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, sf, targs.as_mut_ptr(), std::ptr::null_mut())
+                        sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, self.stream, targs.as_mut_ptr(), std::ptr::null_mut())
                     })?;
-                }
-                if two.is_some() {
-                    // SAFETY: as above.
-                    ck("record filter", unsafe { sys::cuEventRecord(self.ev[2 + buf], sf) })?;
                 }
             }
             let (mut a_oi, mut a_os, mut a_oc) = (d_oids, d_osc, d_ocnt);
@@ -1252,14 +1222,12 @@ impl CudaEngine {
             ];
             // SAFETY: as above; the host vectors hold nqt * k ids/scores and nqt counts.
             unsafe {
-                // On the filters' stream: after the last filter, whose GEMM precedes it.
-                ck("launch batch_final", sys::cuLaunchKernel(self.f_final, m as u32, 1, 1, NT, 1, 1, smem, sf, margs.as_mut_ptr(), std::ptr::null_mut()))?;
-                ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, sf))?;
-                ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, sf))?;
-                ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, sf))?;
+                ck("launch batch_final", sys::cuLaunchKernel(self.f_final, m as u32, 1, 1, NT, 1, 1, smem, self.stream, margs.as_mut_ptr(), std::ptr::null_mut()))?;
+                ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
+                ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
+                ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
             }
-            // Every GEMM precedes a filter on sf, so sf idle means both streams are.
-            ck("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(sf) })?;
+            self.sync_stream()?;
             t_synced = Some(t_start.elapsed());
             for i in 0..m {
                 let c = counts[i] as usize;
@@ -1276,25 +1244,23 @@ impl CudaEngine {
             let fs = FilterStep { m: nq_all.min(nqt), span, cap, high, smem: fsmem };
             let whole = t_start.elapsed();
             eprintln!(
-                "kalos batch host phases: first GEMM queued after {:.3} ms, results back at {:.3} ms, search done at {:.3} ms ({} streams)",
+                "kalos batch host phases: first GEMM queued after {:.3} ms, results back at {:.3} ms, search done at {:.3} ms",
                 t_queued.unwrap_or_default().as_secs_f64() * 1e3,
                 t_synced.unwrap_or_default().as_secs_f64() * 1e3,
-                whole.as_secs_f64() * 1e3,
-                if sf == self.stream { 1 } else { 2 }
+                whole.as_secs_f64() * 1e3
             );
             self.profile_batch(&fs, tile, ntiles, whole)?;
         }
         Ok(())
     }
 
-    /// Launches batch_filter on `stream` over one score tile (rows `row0..row0+rows`, in
-    /// `d_sc`, one of the batch's score tiles, with ld = align_up(rows, 4)); returns the number
-    /// of blocks per query.
-    fn filter_tile(&self, fs: &FilterStep, row0: usize, rows: usize, d_sc: u64, stream: sys::CUstream) -> Result<u32> {
+    /// Launches batch_filter over one score tile (rows `row0..row0+rows`, in d_scores with
+    /// ld = align_up(rows, 4)); returns the number of blocks per query.
+    fn filter_tile(&self, fs: &FilterStep, row0: usize, rows: usize) -> Result<u32> {
         let b = self.batch.as_ref().ok_or_else(|| Error::new(Status::Internal, "batch buffers missing"))?;
         let mut tab = self.table_arg();
         let (mut a_in, mut a_qn, mut a_sc, mut a_bk, mut a_br, mut a_bc, mut a_thr) =
-            (b.d_params.ptr, b.d_qn.ptr, d_sc, b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_thr.ptr);
+            (b.d_params.ptr, b.d_qn.ptr, b.d_scores.ptr, b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_thr.ptr);
         let (mut a_ld, mut a_row0, mut a_rows, mut a_span) = (align_up(rows, 4) as u32, row0 as u32, rows as u32, fs.span as u32);
         let (mut a_cap, mut a_high) = (fs.cap as u32, fs.high as u32);
         let mut args: [*mut c_void; 14] = [
@@ -1317,7 +1283,7 @@ impl CudaEngine {
         // SAFETY: every pointer argument is a live device buffer sized by ensure_batch for
         // fs.m queries, `rows` <= tile rows and fs.cap candidates per query.
         ck("launch batch_filter", unsafe {
-            sys::cuLaunchKernel(self.f_filter, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, stream, args.as_mut_ptr(), std::ptr::null_mut())
+            sys::cuLaunchKernel(self.f_filter, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
         })?;
         Ok(blocks)
     }
@@ -1342,9 +1308,16 @@ impl CudaEngine {
         let rows = self.len - row0;
         self.gemm_tile(d_q, d_scores, row0, rows, fs.m, align_up(rows, 4))?;
         self.sync_stream()?;
+        let d_bcnt = self.batch.as_ref().unwrap().d_bcnt.ptr;
         let t1 = std::time::Instant::now();
         for _ in 0..ntiles {
-            self.filter_tile(fs, row0, rows, d_scores, self.stream)?;
+            // Empty candidate buffers each time (the thresholds stay final): re-filtering the same
+            // tile into kept buffers appends the same rows again, and duplicate rows break the
+            // selection's "ids are unique" rule (the likely cause of the illegal address this
+            // profile hit on the H200: a cut of duplicates keeps more than k, past its slots).
+            // SAFETY: d_bcnt holds fs.m counts (ensure_batch).
+            ck("reset counts", unsafe { sys::cuMemsetD8Async(d_bcnt, 0, fs.m * 4, self.stream) })?;
+            self.filter_tile(fs, row0, rows)?;
         }
         self.sync_stream()?;
         let filters = t1.elapsed();
@@ -1429,15 +1402,10 @@ impl Drop for CudaEngine {
             sys::cuStreamSynchronize(self.stream);
             self.graphs.clear();
             self.batch = None;
-            sys::cuStreamSynchronize(self.stream2);
             if !self.blas.is_null() {
                 cb::cublasDestroy_v2(self.blas);
             }
-            for e in self.ev {
-                sys::cuEventDestroy_v2(e);
-            }
             sys::cuStreamDestroy_v2(self.stream);
-            sys::cuStreamDestroy_v2(self.stream2);
         }));
     }
 }
