@@ -104,6 +104,7 @@ struct Params {
     u32 seq;      // single query: sequence number published after the results
     float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
     u64 ns[MAXNS];
+    u64 dst;      // single query: device address of the client's slot (its response body), or 0
 };
 #define PARAMS_BYTES 640
 // Dynamic shared memory of the search kernels before the (optional) query copy: the chunk keys
@@ -428,10 +429,20 @@ __device__ __forceinline__ float key_score(u32 kk) {
     return s;
 }
 
+// Hit r of c into a recall response body at dst, the wire format the client parses (count u32,
+// ids u64[c], scores f32[c]: ids are only 4-byte aligned, so each goes as two u32 stores); the
+// caller's thread 0 writes the count. dst is the client's slot: host memory mapped into the
+// device, published by the __threadfence_system before the sequence word.
+__device__ __forceinline__ void body_hit(u32* dst, u32 c, u32 r, u64 id, float score) {
+    dst[1 + 2 * r] = (u32)id;
+    dst[2 + 2 * r] = (u32)(id >> 32);
+    ((float*)dst)[1 + 2 * c + r] = score;
+}
+
 // Sorts c <= KMAX (key, id, row) entries in shared memory best first (key desc, id asc) and
-// writes ids and scores.
+// writes ids and scores (and, when dst is not null, the response body there).
 __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64* ids, u64* out_ids,
-                               float* out_scores, u32* out_count) {
+                               float* out_scores, u32* out_count, u32* dst) {
     const int t = threadIdx.x;
     u32 p2 = 1;
     while (p2 < c) p2 <<= 1;
@@ -461,8 +472,12 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
     for (u32 i = t; i < c; i += NT) {
         out_ids[i] = sid[i];
         out_scores[i] = key_score(skey[i]);
+        if (dst) body_hit(dst, c, i, sid[i], key_score(skey[i]));
     }
-    if (t == 0) *out_count = c;
+    if (t == 0) {
+        *out_count = c;
+        if (dst) dst[0] = c;
+    }
 }
 
 // Raises the bound *bnd to the smallest of the c keys just selected (skey, shared) when c == k:
@@ -491,9 +506,10 @@ __device__ __forceinline__ u32 raise_bound(const u32* skey, u32 c, u32 k, u32* b
 
 // Rank selection of c <= NT candidates (mkey/mrow, shared memory): thread i counts the
 // candidates better than its own (key desc, id asc; ids are unique, so ranks are distinct) and
-// writes it at that rank when it is among the first k. Sorted output in one pass, no radix.
+// writes it at that rank when it is among the first k (and into the response body at dst when
+// not null). Sorted output in one pass, no radix.
 __device__ void rank_write(const u32* mkey, const u32* mrow, u32 c, u32 k, const u64* ids, u64* sid, u64* out_ids,
-                           float* out_scores, u32* out_count) {
+                           float* out_scores, u32* out_count, u32* dst) {
     const u32 t = threadIdx.x;
     u32 kk = 0u;
     u64 id = 0ull;
@@ -513,9 +529,13 @@ __device__ void rank_write(const u32* mkey, const u32* mrow, u32 c, u32 k, const
         if (r < k) {
             out_ids[r] = id;
             out_scores[r] = key_score(kk);
+            if (dst) body_hit(dst, min(c, k), r, id, key_score(kk));
         }
     }
-    if (t == 0) *out_count = min(c, k);
+    if (t == 0) {
+        *out_count = min(c, k);
+        if (dst) dst[0] = min(c, k);
+    }
 }
 
 // A lower bound of the k-th largest (k <= BOUND_K) of the values the block holds, one `tmax` per
@@ -615,8 +635,9 @@ __device__ __noinline__ u32 select_bound(const u32* keys, u32 m, u32 row0, u32 k
 // each at or above the bound at the time; every entry below the final bound `lo` cannot be in the
 // top k. The survivors are compacted into shared memory with independent loads (one memory round
 // trip for MCAP entries); a few (<= NT, the usual case) are ranked directly, more go through the
-// radix select and a sort. Writes the results to out.
-__device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 total, u32 lo, u32 k, const u64* ids,
+// radix select and a sort. Writes the results to out (and the response body to dst, the client's
+// slot, when not null).
+__device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 total, u32 lo, u32 k, const u64* ids, u32* dst,
                                         unsigned char* smem, SelShared& S, unsigned char* out) {
     const u32 t = threadIdx.x;
     u64* out_ids = (u64*)(out + 8);
@@ -630,7 +651,7 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
         if (PROF && t == 0) stamp(out, 5);
         FlatAcc a{ckey, crow, lo, ids};
         const u32 c = select_to(a, total, k, S, skey, srow);
-        sort_and_write(skey, srow, sid, c, ids, out_ids, out_scores, (u32*)out);
+        sort_and_write(skey, srow, sid, c, ids, out_ids, out_scores, (u32*)out, dst);
         return;
     }
     if (t == 0) S.cnt = 0;
@@ -675,12 +696,12 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
     }
     __syncthreads();
     if (c <= NT) {
-        rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out);
+        rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out, dst);
         return;
     }
     SmemAcc a{mkey, mrow, ids};
     const u32 got = select_to(a, c, k, S, skey, srow);
-    sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out);
+    sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, dst);
 }
 
 #define FULLMASK 0xffffffffu
@@ -879,7 +900,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
         ctl[1] = 0u;
         ctl[2] = 0u;
     }
-    merge_flat(cand_key, cand_row, total, bound, k, T.ids, smem, S, out);
+    merge_flat(cand_key, cand_row, total, bound, k, T.ids, (u32*)P.dst, smem, S, out);
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __syncthreads();
@@ -1154,7 +1175,7 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
         c = select_to(a, cnt, k, S, skey, srow);
     }
     u64* sid = (u64*)(srow + KMAX);
-    sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k, out_counts + q);
+    sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k, out_counts + q, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) batch_tighten(const unsigned char* __restrict__ in, Table T, u32* bkey,

@@ -238,10 +238,11 @@ struct RecallJob {
 }
 
 pub(crate) struct Server {
+    // Dropped before `seg` (declaration order): the engine may have registered the mapping.
+    engine: Box<dyn Engine>,
     seg: Arc<Segment>,
     opts: Options,
     store: Store,
-    engine: Box<dyn Engine>,
     persist: Option<Persist>,
     dim: usize,
     metric: Metric,
@@ -263,9 +264,11 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    fn new(seg: Arc<Segment>, opts: Options, store: Store, engine: Box<dyn Engine>, persist: Option<Persist>) -> Server {
+    fn new(seg: Arc<Segment>, opts: Options, store: Store, mut engine: Box<dyn Engine>, persist: Option<Persist>) -> Server {
         let dim = store.dim();
         let metric = store.metric();
+        let (base, len) = seg.region();
+        engine.attach_slots(base, len);
         Server {
             seg,
             opts,
@@ -413,8 +416,10 @@ impl Server {
                 self.engine_failed(e);
             }
         }
-        // 2. Reads: recalls grouped by (filter, recency) into single engine calls.
-        self.do_recalls(&batch, &mut results);
+        // 2. Reads: recalls grouped by (filter, recency) into single engine calls. A non-zero
+        // direct[i] is the length of a response body the engine wrote into the slot itself.
+        let mut direct = vec![0usize; batch.len()];
+        self.do_recalls(&batch, &mut results, &mut direct);
         for (i, p) in batch.iter().enumerate() {
             if results[i].is_none() {
                 let r = match p.op() {
@@ -427,7 +432,7 @@ impl Server {
         }
         // 3. Publish.
         let elapsed = t0.elapsed().as_nanos() as u64;
-        for (p, r) in batch.into_iter().zip(results) {
+        for ((p, r), direct) in batch.into_iter().zip(results).zip(direct) {
             let (st, body) = r.unwrap_or((Status::Internal, b"no result".to_vec()));
             self.requests += 1;
             if st != Status::Ok {
@@ -438,7 +443,11 @@ impl Server {
             if p.op() == OP_RECALL {
                 self.record_latency(elapsed);
             }
-            self.publish(p.slot, p.word, st, &body);
+            if direct > 0 && st == Status::Ok {
+                self.finish(p.slot, p.word, st, direct);
+            } else {
+                self.publish(p.slot, p.word, st, &body);
+            }
             let mut buf = p.req;
             buf.clear();
             if self.free_bufs.len() < 256 {
@@ -475,7 +484,15 @@ impl Server {
             return;
         }
         self.seg.write_data(slot_i, 0, &body);
-        slot.resp_len.store(body.len() as u32, Ordering::Relaxed);
+        self.finish(slot_i, word, status, body.len());
+    }
+
+    /// Publishes the response whose `len`-byte body is already in the slot's data area (written
+    /// by `publish`, or by the engine itself) and wakes the client if it sleeps. A slot the
+    /// client abandoned meanwhile is released instead.
+    fn finish(&self, slot_i: usize, word: u64, status: Status, len: usize) {
+        let slot = self.seg.slot(slot_i);
+        slot.resp_len.store(len as u32, Ordering::Relaxed);
         slot.status.store(status as u32, Ordering::Relaxed);
         let done = shm::with_state(word, shm::SLOT_DONE);
         if slot.state.compare_exchange(word, done, Ordering::SeqCst, Ordering::SeqCst).is_err() {
@@ -711,7 +728,7 @@ impl Server {
 
     /// Parses every recall in the batch, groups them by (filter, recency) and runs each group as
     /// one engine call with the group's largest k.
-    fn do_recalls(&mut self, batch: &[Pending], results: &mut [Option<(Status, Vec<u8>)>]) {
+    fn do_recalls(&mut self, batch: &[Pending], results: &mut [Option<(Status, Vec<u8>)>], direct: &mut [usize]) {
         struct Group<'a> {
             filter: Filter,
             recency: Option<Recency>,
@@ -799,7 +816,18 @@ impl Server {
         let mut out: Vec<Vec<Hit>> = std::mem::take(&mut self.search_out);
         for g in groups {
             let nq = g.queries.len() / self.dim;
-            let req = SearchRequest { queries: &g.queries, nq, k: g.k, filter: &g.filter, recency: g.recency, now_ms: now };
+            // A lone single query without payloads: the engine may write the response body into
+            // the client's slot itself (the slot stays this request's until it is published or,
+            // if abandoned, released by this thread).
+            let dout = match g.jobs.as_slice() {
+                [j] if j.nq == 1 && j.flags & FLAG_PAYLOADS == 0 => Some(DirectOut {
+                    host: self.seg.slot_data(batch[j.idx].slot),
+                    cap: self.seg.data_bytes(),
+                    written: std::cell::Cell::new(0),
+                }),
+                _ => None,
+            };
+            let req = SearchRequest { queries: &g.queries, nq, k: g.k, filter: &g.filter, recency: g.recency, now_ms: now, direct: dout.as_ref() };
             let mut r = self.engine.search(&self.store, &req, &mut out);
             if let Err(e) = &r {
                 if self.engine.kind() != EngineKind::Cpu {
@@ -808,6 +836,13 @@ impl Server {
                 }
             }
             self.queries += nq as u64;
+            if let (Ok(()), Some(d), [j]) = (&r, &dout, g.jobs.as_slice()) {
+                if d.written.get() > 0 {
+                    direct[j.idx] = d.written.get();
+                    results[j.idx] = Some((Status::Ok, Vec::new()));
+                    continue;
+                }
+            }
             for job in g.jobs {
                 results[job.idx] = Some(match &r {
                     Err(e) => (e.status, e.message.clone().into_bytes()),

@@ -216,6 +216,22 @@ pub struct SearchRequest<'a> {
     pub recency: Option<Recency>,
     /// Wall-clock now in unix milliseconds (expiry and recency are judged against it).
     pub now_ms: u64,
+    /// A single query's response body may be written straight into the client's slot here
+    /// (engines that can do so say how many bytes they wrote; see [`DirectOut`]).
+    pub direct: Option<&'a DirectOut>,
+}
+
+/// Where an engine may write a single query's recall response body itself (wire format of
+/// `protocol`: count u32, ids u64[count], scores f32[count]): the data area of the client's slot.
+/// The server publishes it without copying when `written` is non-zero afterwards.
+#[derive(Debug)]
+pub struct DirectOut {
+    /// Host address of the slot's data area (inside the shared-memory segment).
+    pub host: *mut u8,
+    /// Bytes the body may take.
+    pub cap: usize,
+    /// Set by the engine to the body's length once it is in place; 0 = not written.
+    pub written: std::cell::Cell<usize>,
 }
 
 pub fn now_unix_ms() -> u64 {

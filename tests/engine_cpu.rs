@@ -131,7 +131,7 @@ fn run(e: &mut CpuEngine, st: &Store, req: &SearchRequest<'_>) -> Vec<Vec<Hit>> 
 }
 
 fn req<'a>(q: &'a [f32], nq: usize, k: usize, f: &'a Filter) -> SearchRequest<'a> {
-    SearchRequest { queries: q, nq, k, filter: f, recency: None, now_ms: NOW }
+    SearchRequest { queries: q, nq, k, filter: f, recency: None, now_ms: NOW, direct: None }
 }
 
 #[test]
@@ -343,11 +343,11 @@ fn test_harness_can_fail() {
     check(&st, &rq, &good, "good");
     let mut bad = good.clone();
     bad[0].swap(0, 9);
-    assert!(std::panic::catch_unwind(|| check(&st, &rq, &bad, "swapped")).is_err());
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&st, &rq, &bad, "swapped"))).is_err());
     let mut bad = good.clone();
     bad[0][3].score += 0.01;
-    assert!(std::panic::catch_unwind(|| check(&st, &rq, &bad, "score")).is_err());
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&st, &rq, &bad, "score"))).is_err());
     let mut bad = good;
     bad[0].pop();
-    assert!(std::panic::catch_unwind(|| check(&st, &rq, &bad, "short")).is_err());
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&st, &rq, &bad, "short"))).is_err());
 }

@@ -861,7 +861,7 @@ mod tests {
         st.apply_upsert(&items);
         let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
         let f = Filter::all();
-        let req = SearchRequest { queries: &q, nq: 1, k: 10, filter: &f, recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }), now_ms: 1_000_000 };
+        let req = SearchRequest { queries: &q, nq: 1, k: 10, filter: &f, recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }), now_ms: 1_000_000, direct: None };
         let mut out = Vec::new();
         CpuEngine::new(1).search(&st, &req, &mut out).unwrap();
         let want = reference_search(&st, &req);

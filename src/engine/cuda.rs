@@ -90,7 +90,10 @@ struct Params {
     seq: u32,
     qscale: f32,
     ns: [u64; MAX_FILTER_NAMESPACES],
+    /// Device address of the client's slot for the response body, or 0.
+    dst: u64,
 }
+const _: () = assert!(std::mem::size_of::<Params>() <= PARAMS_BYTES);
 
 /// Device table columns (`struct Table` in the kernel), passed by value.
 #[repr(C)]
@@ -455,6 +458,12 @@ pub struct CudaEngine {
     /// sweep (docs/benchmarks/gpu.md): 1M x 768 f16 went from 475 to 407 us (2 -> 3 per SM).
     grid_per_sm: usize,
     min_rows: usize,
+    /// The clients' slots (host address, length), registered with CUDA and mapped at
+    /// `slots_dev` (0 = not mapped): single-query kernels write response bodies there.
+    slots: (usize, usize),
+    slots_dev: u64,
+    /// Single-query responses written straight into a client's slot (for the report).
+    direct_writes: u64,
 }
 
 /// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
@@ -648,6 +657,9 @@ impl CudaEngine {
             searches: 0,
             grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(3).clamp(1, 8),
             min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MIN_ROWS).clamp(16, CHUNK),
+            slots: (0, 0),
+            slots_dev: 0,
+            direct_writes: 0,
         };
         e.d_out = e.h_out.device_ptr()?;
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
@@ -888,6 +900,7 @@ impl CudaEngine {
             seq: 0,
             qscale: 1.0,
             ns: [0; MAX_FILTER_NAMESPACES],
+            dst: 0,
         };
         if let Some(v) = &req.filter.namespaces {
             p.nns = v.len() as u32;
@@ -923,6 +936,15 @@ impl CudaEngine {
         p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
         self.seq = self.seq.wrapping_add(1).max(1);
         p.seq = self.seq;
+        // The kernel also writes the response body into the client's slot when it is mapped.
+        let direct = req.direct.and_then(|d| {
+            let (h, len) = self.slots;
+            let off = (d.host as usize).checked_sub(h)?;
+            (self.slots_dev != 0 && d.cap >= 4 + 12 * k && off.checked_add(4 + 12 * k)? <= len).then_some((d, self.slots_dev + off as u64))
+        });
+        if let Some((_, dst)) = direct {
+            p.dst = dst;
+        }
         {
             let dp = self.dp;
             let buf = self.h_in.slice();
@@ -981,6 +1003,10 @@ impl CudaEngine {
             let id = u64::from_le_bytes(out[8 + 8 * i..16 + 8 * i].try_into().unwrap());
             let score = f32::from_le_bytes(out[so + 4 * i..so + 4 * i + 4].try_into().unwrap());
             hits.push(Hit { id, score });
+        }
+        if let Some((d, _)) = direct {
+            d.written.set(4 + 12 * count);
+            self.direct_writes += 1;
         }
         Ok(hits)
     }
@@ -1358,11 +1384,12 @@ impl Drop for CudaEngine {
             let mut v = self.rtt.clone();
             v.sort_unstable();
             eprintln!(
-                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us",
+                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us; {} responses written into the client's slot by the kernel",
                 self.describe(),
                 v.len(),
                 v[v.len() / 2] as f64 / 1000.0,
-                v[(v.len() * 99) / 100] as f64 / 1000.0
+                v[(v.len() * 99) / 100] as f64 / 1000.0,
+                self.direct_writes
             );
         }
         if !self.batch_times.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
@@ -1400,6 +1427,9 @@ impl Drop for CudaEngine {
         }
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
             sys::cuStreamSynchronize(self.stream);
+            if self.slots_dev != 0 {
+                sys::cuMemHostUnregister(self.slots.0 as *mut c_void);
+            }
             self.graphs.clear();
             self.batch = None;
             if !self.blas.is_null() {
@@ -1430,6 +1460,32 @@ impl Engine for CudaEngine {
     }
     fn reserve(&mut self, rows: usize) -> Result<()> {
         self.guarded("reserve", |e| e.ensure_capacity(rows))
+    }
+    fn attach_slots(&mut self, base: *mut u8, len: usize) -> bool {
+        if self.slots_dev != 0 || base.is_null() || len == 0 || std::env::var("KALOS_DIRECT").is_ok_and(|v| v == "0") {
+            return self.slots_dev != 0;
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: [base, base + len) is a live shared mapping the server keeps for the
+            // engine's life (the trait's contract); registering pins it and maps it for the
+            // device (flags: DEVICEMAP 0x2 | PORTABLE 0x1); Drop unregisters it.
+            unsafe {
+                if sys::cuMemHostRegister_v2(base as *mut c_void, len, 0x3) != sys::CUresult::CUDA_SUCCESS {
+                    return 0;
+                }
+                let mut d: sys::CUdeviceptr = 0;
+                if sys::cuMemHostGetDevicePointer_v2(&mut d, base as *mut c_void, 0) != sys::CUresult::CUDA_SUCCESS || d == 0 {
+                    sys::cuMemHostUnregister(base as *mut c_void);
+                    return 0;
+                }
+                d
+            }
+        }));
+        self.slots_dev = r.unwrap_or(0);
+        if self.slots_dev != 0 {
+            self.slots = (base as usize, len);
+        }
+        self.slots_dev != 0
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         if self.hybrid && store.len().saturating_mul(self.dim).saturating_mul(req.nq) < self.min_work {

@@ -46,6 +46,13 @@ pub trait Engine: Send {
     fn reserve(&mut self, _rows: usize) -> Result<()> {
         Ok(())
     }
+    /// Offers the shared-memory region `[base, base + len)` that holds the clients' slots, so
+    /// that the engine can write single-query responses straight into them
+    /// ([`SearchRequest::direct`]). Returns whether it will. The region must stay mapped for the
+    /// engine's life (the server holds the segment). Default: no.
+    fn attach_slots(&mut self, _base: *mut u8, _len: usize) -> bool {
+        false
+    }
 }
 
 /// Bounded selection of the best `k` (key, id) pairs: larger key is better, ties go to the

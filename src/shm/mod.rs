@@ -457,6 +457,12 @@ impl Segment {
         unsafe { &*(self.base.add(HEADER_BYTES + i * self.geometry.slot_stride()) as *const SlotHeader) }
     }
 
+    /// The whole mapping (base address, length): what an engine registers to write responses
+    /// into slots directly.
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.base, self.len)
+    }
+
     /// Raw pointer to slot `i`'s data area (`slot_data_bytes` long).
     pub fn slot_data(&self, i: usize) -> *mut u8 {
         assert!(i < self.slot_count());
