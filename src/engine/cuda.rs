@@ -371,6 +371,8 @@ struct BatchBufs {
     buf_cap: usize,
     d_qf32: DevBuf,
     d_q: DevBuf,
+    /// bf16 storage: the queries' residual (q - bf16(q), in bf16), scored by a second GEMM.
+    d_qlo: Option<DevBuf>,
     d_qn: DevBuf,
     d_params: DevBuf,
     d_scores: DevBuf,
@@ -1057,6 +1059,7 @@ impl CudaEngine {
             buf_cap,
             d_qf32: DevBuf::new(nq * self.dim * 4, "batch queries")?,
             d_q: DevBuf::new(nq * dp * self.esize, "batch queries")?,
+            d_qlo: if self.dtype == Dtype::Bf16 { Some(DevBuf::new(nq * dp * self.esize, "batch query residuals")?) } else { None },
             d_qn: DevBuf::new(nq * 4, "query norms")?,
             d_params: DevBuf::new(PARAMS_BYTES, "batch params")?,
             d_scores: DevBuf::new(nq * tile_rows * 4, "score tile")?,
@@ -1072,9 +1075,19 @@ impl CudaEngine {
     }
 
     /// One GEMM: scores[rows x m] (column-major, ld = ldc >= rows) = table[row0..row0+rows] · queries.
+    /// For bf16 storage a second GEMM adds the query residual's scores (d_qlo, beta = 1).
     fn gemm_tile(&self, d_q: u64, d_scores: u64, row0: usize, rows: usize, m: usize, ldc: usize) -> Result<()> {
+        self.gemm_one(d_q, 0.0, d_scores, row0, rows, m, ldc)?;
+        match self.batch.as_ref().and_then(|b| b.d_qlo.as_ref()) {
+            Some(lo) => self.gemm_one(lo.ptr, 1.0, d_scores, row0, rows, m, ldc),
+            None => Ok(()),
+        }
+    }
+
+    /// scores = table[row0..row0+rows] · queries + beta * scores (see gemm_tile).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_one(&self, d_q: u64, beta: f32, d_scores: u64, row0: usize, rows: usize, m: usize, ldc: usize) -> Result<()> {
         let alpha = 1.0f32;
-        let beta = 0.0f32;
         let a = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
         // SAFETY: a, d_q and d_scores are device buffers of at least rows*dp, m*dp and ldc*m
         // elements (ensure_capacity; ensure_batch sizes the score tile for the tile's rows, of
@@ -1165,6 +1178,7 @@ impl CudaEngine {
         self.ensure_batch(nqt, k, tile, cap)?;
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
+        let d_qlo = b.d_qlo.as_ref().map(|d| d.ptr);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let d_thr = b.d_thr.ptr;
         let smem = SMEM_MAIN as u32;
@@ -1194,13 +1208,18 @@ impl CudaEngine {
                     ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
                 }
                 ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
-                let mut a_src = d_qf32;
-                let mut a_m = m as u32;
-                let mut a_dst = d_q;
-                let mut args: [*mut c_void; 3] =
-                    [&mut a_src as *mut _ as *mut c_void, &mut a_m as *mut _ as *mut c_void, &mut a_dst as *mut _ as *mut c_void];
                 let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
-                ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                for (dst, lo) in [(Some(d_q), 0u32), (d_qlo, 1u32)] {
+                    let Some(mut a_dst) = dst else { continue };
+                    let (mut a_src, mut a_m, mut a_lo) = (d_qf32, m as u32, lo);
+                    let mut args: [*mut c_void; 4] = [
+                        &mut a_src as *mut _ as *mut c_void,
+                        &mut a_m as *mut _ as *mut c_void,
+                        &mut a_dst as *mut _ as *mut c_void,
+                        &mut a_lo as *mut _ as *mut c_void,
+                    ];
+                    ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                }
                 ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
                 ck("reset counts", sys::cuMemsetD8Async(d_bcnt, 0, m * 4, self.stream))?;
             }

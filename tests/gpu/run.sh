@@ -24,7 +24,7 @@ head -3 "$OUT/env.txt"
 RC=0
 C_RES="not run"; B_RES="not run"; H_RES="not run"
 if [[ " $WHAT " == *" correctness "* ]]; then
-  timeout ${T_CORR:-300} python3 correctness.py ${CORRECTNESS_SUITES:-} > "$OUT/correctness.log" 2>&1; r=$?
+  timeout ${T_CORR:-480} python3 correctness.py ${CORRECTNESS_SUITES:-} > "$OUT/correctness.log" 2>&1; r=$?
   grep -E "^(FAIL|INFO|suite|CORRECTNESS)" "$OUT/correctness.log" | cut -c1-400 | tail -40
   C_RES="$(grep '^CORRECTNESS' "$OUT/correctness.log" || echo "crashed/timed out rc=$r")"; [ $r -ne 0 ] && RC=1
 fi
