@@ -97,7 +97,8 @@ type Options struct {
 	// MaxPayloadBytes is the largest payload per memory (default 65536).
 	MaxPayloadBytes int
 	// ClientSpin is how long a caller busy-waits before sleeping (default 50µs; negative =
-	// sleep at once).
+	// sleep at once). When the handle's recent answers took longer, the wait stretches to
+	// twice their time, at most 500µs.
 	ClientSpin time.Duration
 	// ServerSpin is the server's busy-poll window after the last request (default 2ms;
 	// negative = park at once).

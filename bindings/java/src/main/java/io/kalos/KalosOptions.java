@@ -163,7 +163,11 @@ public final class KalosOptions {
         public Builder mode(int v) { mode = v; return this; }
         /** Largest payload per memory in bytes (default 65536). */
         public Builder maxPayloadBytes(int v) { maxPayloadBytes = v; return this; }
-        /** Client busy-wait before sleeping on the futex, ns (default 50000; 0 = sleep at once). */
+        /**
+         * Client busy-wait before sleeping on the futex, ns (default 50000; 0 = sleep at once).
+         * When the handle's recent answers took longer, the wait stretches to twice their time,
+         * at most 500 µs.
+         */
         public Builder clientSpinNs(long v) { clientSpinNs = v; return this; }
         /** Server busy-poll window after the last request, ns (default 2000000). */
         public Builder serverSpinNs(long v) { serverSpinNs = v; return this; }
