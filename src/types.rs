@@ -234,6 +234,32 @@ pub struct DirectOut {
     pub written: std::cell::Cell<usize>,
 }
 
+impl DirectOut {
+    /// Writes one query's recall response body (count u32, ids u64[n], scores f32[n],
+    /// little-endian) at `host` and records its length. Returns false, writing nothing, when it
+    /// does not fit in `cap` bytes (the server then encodes the response itself).
+    pub fn write_hits(&self, hits: &[Hit]) -> bool {
+        let n = hits.len();
+        let len = 4 + 12 * n;
+        if self.host.is_null() || len > self.cap {
+            return false;
+        }
+        // SAFETY: the server hands out a DirectOut only for the data area of the request's own
+        // slot, `cap` bytes at `host`, which no other thread writes until the server publishes
+        // the response; len <= cap; unaligned stores of plain integers through raw pointers
+        // (the bytes are shared memory, so no reference to them is formed).
+        unsafe {
+            std::ptr::write_unaligned(self.host as *mut u32, (n as u32).to_le());
+            for (i, h) in hits.iter().enumerate() {
+                std::ptr::write_unaligned(self.host.add(4 + 8 * i) as *mut u64, h.id.to_le());
+                std::ptr::write_unaligned(self.host.add(4 + 8 * n + 4 * i) as *mut u32, h.score.to_bits().to_le());
+            }
+        }
+        self.written.set(len);
+        true
+    }
+}
+
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use kalos::engine::cpu::{CpuEngine, Isa};
 use kalos::engine::{reference_search, Engine};
 use kalos::store::{Store, UpsertItem, NEVER};
-use kalos::types::{Filter, Hit, Metric, Recency, SearchRequest};
+use kalos::types::{DirectOut, Filter, Hit, Metric, Recency, SearchRequest};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -350,4 +350,46 @@ fn test_harness_can_fail() {
     let mut bad = good;
     bad[0].pop();
     assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&st, &rq, &bad, "short"))).is_err());
+}
+
+/// A lone query's response body written by the engine into the offered slot area is the wire
+/// format the client parses (count, ids, scores) and matches the hits it returns; a body that
+/// would not fit is left to the server; batches never write.
+#[test]
+fn direct_body_matches_hits() {
+    let mut r = rng("direct_body_matches_hits");
+    let all = Filter::all();
+    let dim = 17;
+    let d = data(&mut r, 300, dim);
+    let st = store(&d, dim, Metric::InnerProduct);
+    let q = queries(&mut r, 2, dim, Metric::InnerProduct);
+    let mut e = CpuEngine::new(1);
+    for &k in &[1usize, 10, 300] {
+        let mut slot = vec![0xA5u8; 4 + 12 * 300 + 8];
+        let dout = DirectOut { host: slot.as_mut_ptr(), cap: slot.len(), written: std::cell::Cell::new(0) };
+        let rq = SearchRequest { direct: Some(&dout), ..req(&q[..dim], 1, k, &all) };
+        let out = run(&mut e, &st, &rq);
+        let n = out[0].len();
+        assert_eq!(n, k);
+        assert_eq!(dout.written.get(), 4 + 12 * n, "k {k}: body length");
+        assert_eq!(u32::from_le_bytes(slot[..4].try_into().unwrap()) as usize, n);
+        for (i, h) in out[0].iter().enumerate() {
+            assert_eq!(u64::from_le_bytes(slot[4 + 8 * i..12 + 8 * i].try_into().unwrap()), h.id, "k {k} id {i}");
+            let s = f32::from_le_bytes(slot[4 + 8 * n + 4 * i..8 + 8 * n + 4 * i].try_into().unwrap());
+            assert_eq!(s.to_bits(), h.score.to_bits(), "k {k} score {i}");
+        }
+        assert_eq!(slot[4 + 12 * n], 0xA5, "k {k}: nothing written past the body");
+    }
+    // Too small an area: nothing written, the server encodes the response itself.
+    let mut small = vec![0u8; 4 + 12 * 9];
+    let dout = DirectOut { host: small.as_mut_ptr(), cap: small.len(), written: std::cell::Cell::new(0) };
+    let out = run(&mut e, &st, &SearchRequest { direct: Some(&dout), ..req(&q[..dim], 1, 10, &all) });
+    assert_eq!(out[0].len(), 10);
+    assert_eq!(dout.written.get(), 0);
+    assert!(small.iter().all(|&b| b == 0));
+    // A batch never writes a direct body (the server offers one only for a lone query anyway).
+    let mut slot = vec![0u8; 4096];
+    let dout = DirectOut { host: slot.as_mut_ptr(), cap: slot.len(), written: std::cell::Cell::new(0) };
+    run(&mut e, &st, &SearchRequest { direct: Some(&dout), ..req(&q, 2, 10, &all) });
+    assert_eq!(dout.written.get(), 0);
 }

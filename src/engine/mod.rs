@@ -46,10 +46,11 @@ pub trait Engine: Send {
     fn reserve(&mut self, _rows: usize) -> Result<()> {
         Ok(())
     }
-    /// Offers the shared-memory region `[base, base + len)` that holds the clients' slots, so
-    /// that the engine can write single-query responses straight into them
-    /// ([`SearchRequest::direct`]). Returns whether it will. The region must stay mapped for the
-    /// engine's life (the server holds the segment). Default: no.
+    /// Offers the shared-memory region `[base, base + len)` that holds the clients' slots, for
+    /// engines that must prepare it before writing single-query responses straight into them
+    /// ([`SearchRequest::direct`]; the CUDA engine maps it for the device, the CPU engine needs
+    /// nothing). Returns whether it did. The region must stay mapped for the engine's life (the
+    /// server holds the segment). Default: nothing to do.
     fn attach_slots(&mut self, _base: *mut u8, _len: usize) -> bool {
         false
     }
