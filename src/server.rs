@@ -737,8 +737,11 @@ impl Server {
             jobs: Vec<RecallJob>,
             k: usize,
         }
+        type Key = (Option<Vec<u64>>, u32, u64);
         let mut groups: Vec<Group<'_>> = Vec::new();
-        let mut keymap: HashMap<(Option<Vec<u64>>, u32, u64), usize> = HashMap::new();
+        // The first group's key is kept aside: a lone recall (the latency path) never hashes.
+        let mut first_key: Option<Key> = None;
+        let mut keymap: HashMap<Key, usize> = HashMap::new();
         for (i, p) in batch.iter().enumerate() {
             if p.op() != OP_RECALL {
                 continue;
@@ -795,10 +798,19 @@ impl Server {
                 Err(e) => results[i] = Some((e.status, e.message.into_bytes())),
                 Ok((k, nq, flags, filter, recency, q)) => {
                     let key = (filter.namespaces.clone(), recency.map_or(0, |r| r.weight.to_bits()), recency.map_or(0, |r| r.half_life_ms.to_bits()));
-                    let gi = *keymap.entry(key).or_insert_with(|| {
+                    let gi = if groups.is_empty() {
+                        first_key = Some(key);
                         groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), jobs: Vec::new(), k: 0 });
-                        groups.len() - 1
-                    });
+                        0
+                    } else {
+                        if let Some(fk) = first_key.take() {
+                            keymap.insert(fk, 0);
+                        }
+                        *keymap.entry(key).or_insert_with(|| {
+                            groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), jobs: Vec::new(), k: 0 });
+                            groups.len() - 1
+                        })
+                    };
                     let g = &mut groups[gi];
                     let q_off = g.queries.len() / self.dim;
                     if g.queries.is_empty() {
