@@ -78,6 +78,9 @@ typedef unsigned short u16;
 #endif
 // PIPE=1 (default): the scan loads the next rows before it computes the current ones, with half
 // as many rows per step (PIPE=2: as many), so loads stay in flight across the compute.
+#ifndef SLOTS
+#define SLOTS 0  // single query: fixed candidate slots per block (see scan_topk_body)
+#endif
 #ifndef PIPE
 #define PIPE 1
 #endif
@@ -484,7 +487,7 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
 // with k rows at or above it, it bounds the final k-th key from below. Returns the bound after
 // the update (max of the old one and this block's), in every thread; must be reached by every
 // thread of the block.
-__device__ __forceinline__ u32 raise_bound(const u32* skey, u32 c, u32 k, u32* bnd, SelShared& S) {
+__device__ __forceinline__ u32 raise_bound(const u32* skey, u32 c, u32 k, u32* bnd, SelShared& S, bool wait = true) {
     const u32 t = threadIdx.x;
     if (t == 0) S.last = 0xFFFFFFFFu;
     __syncthreads();
@@ -496,7 +499,11 @@ __device__ __forceinline__ u32 raise_bound(const u32* skey, u32 c, u32 k, u32* b
     __syncthreads();
     if (t == 0) {
         const u32 mine = (c == k && c > 0) ? S.last : 0u;
-        S.last = max(atomicMax(bnd, mine), mine);
+        if (wait) S.last = max(atomicMax(bnd, mine), mine);
+        else {  // result unused: a reduction the block does not wait for; returns its own key
+            atomicMax(bnd, mine);
+            S.last = mine;
+        }
     }
     __syncthreads();
     const u32 b = S.last;
@@ -862,25 +869,39 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             got = select_to(ca, r1 - r0, k, S, skey, srow);
         }
     }
-    const u32 lo = raise_bound(skey, got, k, ctl + 1, S);
-    u32* tkey = (u32*)smem;  // the chunk keys are no longer needed
-    u32* trow = tkey + MCAP;
-    if (t == 0) S.cnt = 0;
-    __syncthreads();
-    for (u32 i = t; i < got; i += NT) {
-        if (skey[i] >= lo) {
-            const u32 p = atomicAdd(&S.cnt, 1u);
-            tkey[p] = skey[i];
-            trow[p] = srow[i];
+    // SLOTS=1 (a tuning variant, off by default, not yet measured): when every block's k fit the
+    // merge's shared memory, block b writes its k entries at b*k (key 0 pads a short list) and
+    // raises the bound without waiting for the old value: two dependent L2 round trips (the
+    // bound's return, the append position) fewer per block. Otherwise blocks append only the
+    // entries at or above the bound, at a position from ctl[2].
+    const bool fixed = SLOTS && P.grid * k <= MCAP;
+    if (fixed) {
+        raise_bound(skey, got, k, ctl + 1, S, false);
+        for (u32 i = t; i < k; i += NT) {
+            cand_key[b * k + i] = i < got ? skey[i] : 0u;
+            cand_row[b * k + i] = i < got ? srow[i] : 0u;
         }
-    }
-    __syncthreads();
-    if (t == 0) S.prefix = atomicAdd(ctl + 2, S.cnt);
-    __syncthreads();
-    const u32 base = S.prefix, nc = S.cnt;
-    for (u32 i = t; i < nc; i += NT) {
-        cand_key[base + i] = tkey[i];
-        cand_row[base + i] = trow[i];
+    } else {
+        const u32 lo = raise_bound(skey, got, k, ctl + 1, S);
+        u32* tkey = (u32*)smem;  // the chunk keys are no longer needed
+        u32* trow = tkey + MCAP;
+        if (t == 0) S.cnt = 0;
+        __syncthreads();
+        for (u32 i = t; i < got; i += NT) {
+            if (skey[i] >= lo) {
+                const u32 p = atomicAdd(&S.cnt, 1u);
+                tkey[p] = skey[i];
+                trow[p] = srow[i];
+            }
+        }
+        __syncthreads();
+        if (t == 0) S.prefix = atomicAdd(ctl + 2, S.cnt);
+        __syncthreads();
+        const u32 base = S.prefix, nc = S.cnt;
+        for (u32 i = t; i < nc; i += NT) {
+            cand_key[base + i] = tkey[i];
+            cand_row[base + i] = trow[i];
+        }
     }
 
     // The last block to finish (ticket ctl[0]) merges everything.
@@ -892,7 +913,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (!S.last) return;
     if (PROF && t == 0) stamp(out, 3);
     __threadfence();
-    const u32 bound = __ldcg(ctl + 1), total = __ldcg(ctl + 2);
+    const u32 bound = __ldcg(ctl + 1), total = fixed ? P.grid * k : __ldcg(ctl + 2);
     __syncthreads();
     if (PROF && t == 0) stamp(out, 4);
     if (t == 0) {  // ready for the next replay (every other block is done with ctl)
