@@ -388,7 +388,7 @@ impl Server {
         let t0 = Instant::now();
         let batch = std::mem::take(&mut self.batch);
         self.batches += 1;
-        let mut results: Vec<Option<(Status, Vec<u8>)>> = vec![None; batch.len()];
+        let mut results: Vec<Option<Reply>> = vec![None; batch.len()];
         // 1. Writes, in slot order; one log commit for all of them.
         let mut wrote = Vec::new();
         for (i, p) in batch.iter().enumerate() {
@@ -407,7 +407,7 @@ impl Server {
             if let Some(pst) = self.persist.as_mut() {
                 if let Err(e) = pst.commit() {
                     for &i in &wrote {
-                        results[i] = Some((e.status, format!("write applied but not made durable: {}", e.message).into_bytes()));
+                        results[i] = Some(Reply::Body(e.status, format!("write applied but not made durable: {}", e.message).into_bytes()));
                     }
                 }
             }
@@ -416,10 +416,8 @@ impl Server {
                 self.engine_failed(e);
             }
         }
-        // 2. Reads: recalls grouped by (filter, recency) into single engine calls. A non-zero
-        // direct[i] is the length of a response body the engine wrote into the slot itself.
-        let mut direct = vec![0usize; batch.len()];
-        self.do_recalls(&batch, &mut results, &mut direct);
+        // 2. Reads: recalls grouped by (filter, recency) into single engine calls.
+        self.do_recalls(&batch, &mut results);
         for (i, p) in batch.iter().enumerate() {
             if results[i].is_none() {
                 let r = match p.op() {
@@ -432,8 +430,12 @@ impl Server {
         }
         // 3. Publish.
         let elapsed = t0.elapsed().as_nanos() as u64;
-        for ((p, r), direct) in batch.into_iter().zip(results).zip(direct) {
-            let (st, body) = r.unwrap_or((Status::Internal, b"no result".to_vec()));
+        for (p, r) in batch.into_iter().zip(results) {
+            let r = r.unwrap_or_else(|| Reply::Body(Status::Internal, b"no result".to_vec()));
+            let st = match &r {
+                Reply::Body(st, _) => *st,
+                Reply::InSlot(_) => Status::Ok,
+            };
             self.requests += 1;
             if st != Status::Ok {
                 self.errors += 1;
@@ -443,10 +445,9 @@ impl Server {
             if p.op() == OP_RECALL {
                 self.record_latency(elapsed);
             }
-            if direct > 0 && st == Status::Ok {
-                self.finish(p.slot, p.word, st, direct);
-            } else {
-                self.publish(p.slot, p.word, st, &body);
+            match r {
+                Reply::Body(st, body) => self.publish(p.slot, p.word, st, &body),
+                Reply::InSlot(len) => self.finish(p.slot, p.word, Status::Ok, len),
             }
             let mut buf = p.req;
             buf.clear();
@@ -728,7 +729,7 @@ impl Server {
 
     /// Parses every recall in the batch, groups them by (filter, recency) and runs each group as
     /// one engine call with the group's largest k.
-    fn do_recalls(&mut self, batch: &[Pending], results: &mut [Option<(Status, Vec<u8>)>], direct: &mut [usize]) {
+    fn do_recalls(&mut self, batch: &[Pending], results: &mut [Option<Reply>]) {
         struct Group<'a> {
             filter: Filter,
             recency: Option<Recency>,
@@ -795,7 +796,7 @@ impl Server {
                 Ok((k, nq, flags, filter, recency, q))
             })();
             match parsed {
-                Err(e) => results[i] = Some((e.status, e.message.into_bytes())),
+                Err(e) => results[i] = Some(Reply::Body(e.status, e.message.into_bytes())),
                 Ok((k, nq, flags, filter, recency, q)) => {
                     let key = (filter.namespaces.clone(), recency.map_or(0, |r| r.weight.to_bits()), recency.map_or(0, |r| r.half_life_ms.to_bits()));
                     let gi = if groups.is_empty() {
@@ -850,14 +851,13 @@ impl Server {
             self.queries += nq as u64;
             if let (Ok(()), Some(d), [j]) = (&r, &dout, g.jobs.as_slice()) {
                 if d.written.get() > 0 {
-                    direct[j.idx] = d.written.get();
-                    results[j.idx] = Some((Status::Ok, Vec::new()));
+                    results[j.idx] = Some(Reply::InSlot(d.written.get()));
                     continue;
                 }
             }
             for job in g.jobs {
                 results[job.idx] = Some(match &r {
-                    Err(e) => (e.status, e.message.clone().into_bytes()),
+                    Err(e) => Reply::Body(e.status, e.message.clone().into_bytes()),
                     Ok(()) => {
                         let w = &mut self.resp;
                         w.clear();
@@ -883,7 +883,7 @@ impl Server {
                                 w.bytes(b);
                             }
                         }
-                        (Status::Ok, w.buf.clone())
+                        Reply::Body(Status::Ok, w.buf.clone())
                     }
                 });
             }
@@ -892,9 +892,17 @@ impl Server {
     }
 }
 
-fn encode_result(r: Result<Vec<u8>>) -> (Status, Vec<u8>) {
+/// A request's answer: a body to copy into the slot, or the length of one an engine already
+/// wrote there (a lone recall, `SearchRequest::direct`).
+#[derive(Clone)]
+enum Reply {
+    Body(Status, Vec<u8>),
+    InSlot(usize),
+}
+
+fn encode_result(r: Result<Vec<u8>>) -> Reply {
     match r {
-        Ok(b) => (Status::Ok, b),
-        Err(e) => (e.status, e.message.into_bytes()),
+        Ok(b) => Reply::Body(Status::Ok, b),
+        Err(e) => Reply::Body(e.status, e.message.into_bytes()),
     }
 }
