@@ -11,20 +11,30 @@ over block triples of (Python block p50 − C block p50). Variants:
 * ``wrapper``: ``kv.recall(q, k)``, the public API (fresh numpy arrays returned);
 * ``raw``: the bare ctypes call ``lib.kalos_recall(...)`` with argtypes and preallocated
   buffers: the floor a plain ctypes binding would have;
+* ``baseline`` (with ``--baseline DIR``): ``kv.recall(q, k)`` of another copy of the package
+  (``DIR/kalos``, e.g. ``git archive <commit> bindings/python/kalos | tar -x -C DIR --strip-components 2``)
+  through its own client handle, timed in the same blocks as ``wrapper`` (the two swap order
+  every block): a change to the binding is compared within one run, since the round trip
+  flips between modes from run to run;
 * Python latencies include one ``time.perf_counter_ns()`` pair (~50 ns), C ones one
   ``clock_gettime`` pair.
+
+``wrapper − raw`` (median over blocks of the difference of block p50s) is the binding's own
+cost above a bare ctypes call, the figure least moved by the round trip's mode.
 
 The standalone C program (same source, without -DBENCH_LIB) gives a separate-process C figure.
 
 Usage (from the repository root, after ``cargo build --release``; needs gcc):
 
     python examples/python/bench_overhead.py [--n 100] [--dim 64] [--k 10] [--blocks 200] [--block 500]
+                                             [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import os
 import platform
@@ -56,7 +66,18 @@ def build_c(tmp: Path, shared: bool) -> Path:
     return out
 
 
-def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: int, cbench) -> dict:
+def load_baseline(pkg_dir: Path):
+    """Imports DIR/kalos as the module ``kalos_baseline`` (same libkalos.so as ``kalos``)."""
+    os.environ.setdefault("KALOS_LIBRARY", str(Path(kalos.library_path).resolve()))
+    init = pkg_dir / "kalos" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("kalos_baseline", init, submodule_search_locations=[str(init.parent)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["kalos_baseline"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: int, cbench, kv_base=None) -> dict:
     clock = time.perf_counter_ns
     recall = kv.recall
     fn = _ffi.lib.kalos_recall
@@ -67,23 +88,29 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
     c_lat = np.empty(block, np.uint64)
     py_lat = np.empty(block, np.int64)
     raw_lat = np.empty(block, np.int64)
+    base_lat = np.empty(block, np.int64)
+    timed = [(recall, py_lat)]
+    if kv_base is not None:
+        timed.append((kv_base.recall, base_lat))
     rows = []
     for _ in range(200):  # warm-up
-        recall(q, k)
+        for fn_, _lat in timed:
+            fn_(q, k)
     for b in range(blocks):
         rc = cbench(h, qa, d, k, block, ia, sa, c_lat.ctypes.data)
         assert rc == 0, rc
-        for i in range(block):
-            t0 = clock()
-            recall(q, k)
-            py_lat[i] = clock() - t0
+        for fn_, lat in (timed if b % 2 == 0 else timed[::-1]):
+            for i in range(block):
+                t0 = clock()
+                fn_(q, k)
+                lat[i] = clock() - t0
         for i in range(block):
             t0 = clock()
             fn(h, qa, d, k, None, ia, k, sa, k, ca)
             raw_lat[i] = clock() - t0
-        rows.append((np.median(c_lat), np.median(py_lat), np.median(raw_lat)))
+        rows.append((np.median(c_lat), np.median(py_lat), np.median(raw_lat), np.median(base_lat)))
     r = np.array(rows)
-    return {
+    out = {
         "c_p50_ns": int(np.median(r[:, 0])),
         "py_p50_ns": int(np.median(r[:, 1])),
         "raw_p50_ns": int(np.median(r[:, 2])),
@@ -91,7 +118,13 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
         "raw_overhead_ns": int(np.median(r[:, 2] - r[:, 0])),
         "overhead_p25_ns": int(np.percentile(r[:, 1] - r[:, 0], 25)),
         "overhead_p75_ns": int(np.percentile(r[:, 1] - r[:, 0], 75)),
+        "wrapper_minus_raw_ns": int(np.median(r[:, 1] - r[:, 2])),
     }
+    if kv_base is not None:
+        out["baseline_overhead_ns"] = int(np.median(r[:, 3] - r[:, 0]))
+        out["baseline_minus_raw_ns"] = int(np.median(r[:, 3] - r[:, 2]))
+        out["wrapper_minus_baseline_ns"] = int(np.median(r[:, 1] - r[:, 3]))
+    return out
 
 
 def main() -> None:
@@ -104,7 +137,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20000, help="calls of the standalone C program")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--json", help="write the results here as JSON")
+    ap.add_argument("--baseline", type=Path, help="directory holding another kalos package (DIR/kalos) to time alongside")
     a = ap.parse_args()
+    base_mod = load_baseline(a.baseline) if a.baseline else None
 
     tmp = Path(tempfile.mkdtemp(prefix="kalos-bench-"))
     exe = build_c(tmp, shared=False)
@@ -132,7 +167,12 @@ def main() -> None:
         standalone = {kk: int(v) for kk, v in (x.split("=") for x in out.split()) if kk.startswith("c_")}
         with kalos.open(name, role="client") as kv:
             engine = kv.stats()["engine_name"]
-            med = paired_blocks(kv, q, a.k, a.blocks, a.block, cbench)
+            kv_base = base_mod.open(name, role="client") if base_mod else None
+            try:
+                med = paired_blocks(kv, q, a.k, a.blocks, a.block, cbench, kv_base)
+            finally:
+                if kv_base is not None:
+                    kv_base.close()
     finally:
         srv.send_signal(signal.SIGTERM)
         srv.wait(10)
@@ -143,10 +183,17 @@ def main() -> None:
         "n": a.n, "dim": a.dim, "k": a.k, "blocks": a.blocks, "block": a.block,
         "paired": med, "standalone_c_program": standalone,
     }
+    if a.baseline:
+        result["baseline"] = str(a.baseline)
     print(json.dumps(result, indent=2))
     print(f"Python-side overhead (median over {a.blocks} paired blocks): {med['overhead_ns'] / 1000:.2f} us "
           f"[IQR {med['overhead_p25_ns'] / 1000:.2f}-{med['overhead_p75_ns'] / 1000:.2f}] "
-          f"(bare ctypes call: {med['raw_overhead_ns'] / 1000:.2f} us); target <= 3 us")
+          f"(bare ctypes call: {med['raw_overhead_ns'] / 1000:.2f} us); target <= 3 us; "
+          f"wrapper - bare ctypes: {med['wrapper_minus_raw_ns'] / 1000:.2f} us")
+    if a.baseline:
+        print(f"baseline {a.baseline}: overhead {med['baseline_overhead_ns'] / 1000:.2f} us, "
+              f"baseline - bare ctypes: {med['baseline_minus_raw_ns'] / 1000:.2f} us, "
+              f"wrapper - baseline: {med['wrapper_minus_baseline_ns'] / 1000:+.2f} us")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
 

@@ -112,11 +112,16 @@ def _verify_data_offset() -> bool:
 
 
 if _verify_data_offset():
+    #: The recall fast path passes the query pointer as ``_from_address(id(query) +
+    #: _DATA_OFFSET)``, a c_void_p laid over the header field; it is taken for 0 < k <= this
+    #: (0 when the offset does not hold: every recall then takes the general path).
+    _FAST_MAX_K = KALOS_MAX_K
 
     def _addr(a: np.ndarray) -> int:
         return _from_address(id(a) + _DATA_OFFSET).value or 0
 
 else:  # pragma: no cover
+    _FAST_MAX_K = 0
 
     def _addr(a: np.ndarray) -> int:
         return a.ctypes.data
@@ -212,32 +217,43 @@ class _Scratch(threading.local):
 
 
 class _Frame:
-    """Pre-built ``kalos_recall`` arguments of one thread on one handle (the fast path).
+    """Pre-built ``kalos_recall`` arguments and result buffers of one thread on one handle (the
+    fast path of :meth:`Kalos.recall`).
 
     A ctypes call with ``argtypes`` converts every Python argument through ``from_param``
     (about 0.1 µs each, 10 arguments). The fast path instead calls a second binding of the same
     function without ``argtypes``, passing ctypes objects of exactly the prototype's types
-    (checked by tests/test_header_drift.py): only the query pointer, its length and k change
-    per call (``.value`` stores), and results land in per-thread buffers of ``KALOS_MAX_K``
-    entries that are copied out (a copy of ≤ k elements is cheaper than allocating two arrays
-    and extracting their addresses).
+    (``args``, checked by tests/test_header_drift.py). Per call only the query length and k
+    change (``.value`` stores); the query pointer travels as a ``c_void_p`` laid over the data
+    pointer field of the query's own numpy header (see ``_from_address`` above), so it is
+    neither read into a Python int nor stored anywhere. Results land in buffers of
+    ``KALOS_MAX_K`` entries and are copied out (a copy of ≤ k elements is cheaper than
+    allocating two arrays and extracting their addresses); the views of the first ``c``
+    entries are kept for the next call with the same count, so the copy-out is two
+    ``ndarray.copy()`` calls. ``busy`` is set while the buffers are in use: a recall re-entered
+    on the same thread (a signal handler or a finalizer run in between) takes the general path
+    instead of overwriting them.
     """
 
-    __slots__ = ("q", "qlen", "k", "ids", "scores", "count", "args")
+    __slots__ = ("args", "h", "qlen", "k", "ids", "scores", "ids_p", "scores_p", "cap", "count", "count_p",
+                 "busy", "c", "ids_c", "scores_c")
 
     def __init__(self, handle: int) -> None:
-        self.q = c_void_p(0)
-        self.qlen = c_size_t(0)
-        self.k = c_uint32(0)
         self.ids = np.empty(KALOS_MAX_K, _U64)
         self.scores = np.empty(KALOS_MAX_K, _F32)
         self.count = c_size_t(0)
+        cap = c_size_t(KALOS_MAX_K)
+        #: One object per kalos_recall parameter; [1] stands for the per-call query pointer.
         self.args = (
-            c_void_p(handle), self.q, self.qlen, self.k, None,
-            c_void_p(self.ids.ctypes.data), c_size_t(KALOS_MAX_K),
-            c_void_p(self.scores.ctypes.data), c_size_t(KALOS_MAX_K),
+            c_void_p(handle), c_void_p(0), c_size_t(0), c_uint32(0), None,
+            c_void_p(self.ids.ctypes.data), cap, c_void_p(self.scores.ctypes.data), cap,
             c_void_p(addressof(self.count)),
         )
+        self.h, _, self.qlen, self.k, _, self.ids_p, self.cap, self.scores_p, _, self.count_p = self.args
+        self.busy = False
+        self.c = 0
+        self.ids_c = self.ids[:0]
+        self.scores_c = self.scores[:0]
 
 
 def _split_payloads(buf: np.ndarray, lens: np.ndarray) -> List[Optional[bytes]]:
@@ -472,26 +488,35 @@ class Kalos:
             and query.dtype is _F32
             and query.ndim == 1
             and query.flags.c_contiguous
-            and 0 < k <= KALOS_MAX_K
+            and 0 < k <= _FAST_MAX_K
         ):
             try:
                 f = self._tls.frame
             except AttributeError:
                 f = self._tls.frame = _Frame(self._h)
-            f.q.value = _addr(query)
-            f.qlen.value = len(query)
-            f.k.value = k
-            self._active.append(None)
-            try:
-                if self._closing:
-                    raise self._closed_error()
-                rc = _recall_raw(*f.args)
-            finally:
-                self._active.pop()
-            if rc:
-                _check(rc)
-            c = f.count.value
-            return f.ids[:c].copy(), f.scores[:c].copy()
+            if not f.busy:
+                f.busy = True
+                try:
+                    f.qlen.value = len(query)
+                    f.k.value = k
+                    self._active.append(None)
+                    try:
+                        if self._closing:
+                            raise self._closed_error()
+                        rc = _recall_raw(
+                            f.h, _from_address(id(query) + _DATA_OFFSET), f.qlen, f.k, None,
+                            f.ids_p, f.cap, f.scores_p, f.cap, f.count_p,
+                        )
+                    finally:
+                        self._active.pop()
+                    if rc:
+                        _check(rc)
+                    c = f.count.value
+                    if c != f.c:
+                        f.c, f.ids_c, f.scores_c = c, f.ids[:c], f.scores[:c]
+                    return f.ids_c.copy(), f.scores_c.copy()
+                finally:
+                    f.busy = False
         # General path: filters, recency, per-call timeout, any array-like query.
         k = _index(k, "k")
         q = _f32_1d(query)

@@ -82,6 +82,56 @@ def test_fewer_hits_than_k(kv):
     assert kv.recall(np.ones(16), k=1024)[0].shape == (3,)
 
 
+def test_recall_results_outlive_later_calls(kv):
+    """The fast path reuses per-thread result buffers: what it returns must be fresh arrays that
+    no later recall (another query, another k, fewer hits) overwrites or aliases."""
+    kv.upsert(np.arange(1, 9), np.eye(8, 16, dtype=np.float32) + 0.01)
+    q1, q2 = np.eye(2, 16, dtype=np.float32)
+    ids1, sc1 = kv.recall(q1, k=5)
+    want1 = (ids1.copy(), sc1.copy())
+    assert ids1[0] == 1 and len(ids1) == 5
+    ids2, sc2 = kv.recall(q2, k=5)  # same k, other hits
+    assert ids2[0] == 2
+    ids3, sc3 = kv.recall(q1, k=2)  # other count
+    kv.delete(np.arange(4, 9))
+    ids4, sc4 = kv.recall(q2, k=10)  # fewer hits than k
+    assert len(ids4) == 3 and ids4[0] == 2
+    ids5, sc5 = kv.recall(q1, k=5)  # the earlier count again
+    np.testing.assert_array_equal(ids1, want1[0])
+    np.testing.assert_array_equal(sc1, want1[1])
+    assert list(ids3) == list(ids1[:2]) and list(ids5) == [1, 2, 3]
+    results = [ids1, sc1, ids2, sc2, ids3, sc3, ids4, sc4, ids5, sc5]
+    for i, a in enumerate(results):
+        assert a.flags.owndata and a.flags.writeable and a.flags.c_contiguous
+        for b in results[i + 1:]:
+            assert not np.shares_memory(a, b)
+    ids1[:] = 0
+    sc1[:] = np.nan
+    assert kv.recall(q1, k=5)[0].tolist() == [1, 2, 3]
+
+
+def test_recall_reentered_on_the_same_thread(kv, monkeypatch):
+    """A recall run on the same thread while another is between its C call and its copy-out (a
+    signal handler or a finalizer could do that) must not clobber the outer call's results."""
+    kv.upsert([1, 2], np.eye(2, 16, dtype=np.float32))
+    q1, q2 = np.eye(2, 16, dtype=np.float32)
+    real, inner = kalos._recall_raw, []
+
+    def reentering(*args):
+        rc = real(*args)
+        if not inner:
+            inner.append(None)
+            inner[0] = kv.recall(q2, k=1)
+        return rc
+
+    monkeypatch.setattr(kalos, "_recall_raw", reentering)
+    ids, _ = kv.recall(q1, k=1)
+    assert ids.tolist() == [1] and inner[0][0].tolist() == [2]
+    monkeypatch.setattr(kalos, "_recall_raw", real)
+    assert kv.recall(q1, k=1)[0].tolist() == [1]  # the frame is free again
+    assert kv.recall(q2, k=1)[0].tolist() == [2]
+
+
 def test_empty_store(kv):
     ids, scores = kv.recall(np.ones(16, np.float32), k=4)
     assert ids.shape == (0,) and scores.shape == (0,)

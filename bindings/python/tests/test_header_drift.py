@@ -203,3 +203,35 @@ def test_fast_path_frame_matches_prototype():
     for name in _ffi.RAW_FUNCTIONS:
         assert getattr(_ffi.lib_raw, name).restype is _ffi.PROTOTYPES[name][0]
         assert getattr(_ffi.lib_raw, name).argtypes is None
+
+
+def test_fast_path_call_passes_prototype_types(monkeypatch):
+    """What the fast path really hands to kalos_recall: one object per parameter, of the
+    prototype's exact ctypes type (the frame's own objects, and a c_void_p holding the query's
+    data pointer)."""
+    import numpy as np
+    from conftest import unique_name
+
+    _, args = _ffi.PROTOTYPES["kalos_recall"]
+    calls = []
+    real = kalos._recall_raw
+
+    def spy(*a):
+        calls.append((a, [None if x is None else x.value for x in a]))
+        return real(*a)
+
+    monkeypatch.setattr(kalos, "_recall_raw", spy)
+    q = np.ones(8, np.float32)
+    with kalos.open(unique_name("frame"), dim=8, role="server") as kv:
+        kv.upsert([1], q)
+        assert kv.recall(q, k=3)[0].tolist() == [1]
+        frame = kv._tls.frame
+    (passed, values), = calls
+    assert len(passed) == len(args)
+    for obj, (ctype, t) in zip(passed, args):
+        if obj is None:
+            assert ctype.endswith("*")  # NULL params pointer
+        else:
+            assert type(obj) is t, (ctype, type(obj), t)
+    assert [i for i, (a, b) in enumerate(zip(passed, frame.args)) if a is not b] == [1]
+    assert values[1] == q.ctypes.data and values[2] == 8 and values[3] == 3
