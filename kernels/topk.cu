@@ -85,7 +85,8 @@ typedef unsigned short u16;
 #define PIPE 1
 #endif
 #ifndef SMALL_FIRST
-#define SMALL_FIRST 1  // single query: blocks of <= SMALL_ROWS rows rank their keys directly
+#define SMALL_FIRST 1  // single query: blocks of <= SMALL_ROWS rows rank their keys directly (at
+                       // 10k x 128 on the H200 the select phase went 2.1 -> 1.7 us)
 #endif
 #if PIPE == 1 && RU0 > 1
 #define RU (RU0 / 2)
@@ -745,9 +746,9 @@ struct Arg {
 // are in place.
 __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg, const Table& T, u32* cand_key,
                                                u32* cand_row, u32* ctl, unsigned char* out,
-                                               unsigned char* smem, SelShared& S, const u64* sns, const u32 b) {
+                                               unsigned char* smem, SelShared& S, const u64* sns) {
     const int t = threadIdx.x;
-    if (PROF && b == 0 && t == 0) stamp(out, 0);
+    if (PROF && blockIdx.x == 0 && t == 0) stamp(out, 0);
     u32* keys = (u32*)smem;
 #if !QREG
     float* qs = (float*)(smem + SMEM_MAIN);
@@ -756,7 +757,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     __syncthreads();
 #endif
 
-    const u32 n = P.n;
+    const u32 n = P.n, b = blockIdx.x;
     const u32 r0 = min(n, b * P.chunk), r1 = min(n, r0 + P.chunk);
     const int lane = t & (GS - 1);
 #if HALF2_DOT
@@ -874,9 +875,9 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             got = select_to(ca, r1 - r0, k, S, skey, srow);
         }
     }
-    // SLOTS=1 (default since 2026-12-01: on the H200 the GPU round trip went 17.3 -> 16.0 us at
-    // 10k x 128 f32 and 51.4 -> 49.4 us at 100k x 768 f16; SLOTS=0 for the older path): when every block's k fit the
-    // merge's shared memory, block b writes its k entries at b*k (key 0 pads a short list) and
+    // SLOTS=1 (default since 2026-12-01; on the H200 the GPU round trip went 17.3 -> 16.0 us at
+    // 10k x 128 f32 and 51.4 -> 49.4 us at 100k x 768 f16; SLOTS=0 is the older path): when
+    // every block's k fit the merge's shared memory, block b writes its k entries at b*k (key 0 pads a short list) and
     // raises the bound without waiting for the old value: two dependent L2 round trips (the
     // bound's return, the append position) fewer per block. Otherwise blocks append only the
     // entries at or above the bound, at a position from ctl[2].
@@ -935,10 +936,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     __threadfence_system();
     __syncthreads();
     if (PROF && t == 0) stamp(out, 7);
-    if (t == 0) {
-        *(volatile u32*)(out + 4) = P.seq;
-        *(volatile u32*)(ctl + 3) = P.seq;  // published (the persistent kernel's block 0 waits for it)
-    }
+    if (t == 0) *(volatile u32*)(out + 4) = P.seq;
 }
 
 // Request parameters from device memory into shared memory (P, and the namespace filter in sns).
@@ -962,7 +960,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
     load_params(in, P, sns);
-    scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, ctl, out, smem, S, sns, blockIdx.x);
+    scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 
 #if BYVAL
@@ -980,151 +978,9 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table 
     if (a.p.nns != NONE_U32)
         for (u32 i = t; i < a.p.nns && i < MAXNS; i += NT) sns[i] = a.p.ns[i];
     __syncthreads();
-    scan_topk_body(P, qs, T, cand_key, cand_row, ctl, out, smem, S, sns, blockIdx.x);
+    scan_topk_body(P, qs, T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 #endif
-// ---------------------------------------------------------------------------------------------
-// Single query, persistent (KALOS_PERSIST=1): one launch serves request after request, so a
-// request pays no launch. A request (MailHdr, Params, the query: NW 32-bit words) travels as NW
-// 64-bit entries, each a word and the request's sequence number (its tag), written with single
-// 8-byte stores: an entry is never torn, and a reader that finds every tag equal to s holds the
-// whole of request s without any fence (the low-latency protocol of NCCL's LL transport).
-// The server writes the entries into a mailbox in pinned host memory mapped into the device.
-// Block 0 polls entry 0 over PCIe until its tag changes, reads the whole mailbox until every
-// entry carries that tag, and relays it the same way into device memory (`relay`); every other
-// block polls the relay's entry 0 in L2, then reads the rest. Each block then runs the logical blocks blockIdx.x, blockIdx.x + gridDim.x,
-// ... < P.grid of the single-query path, whose last block publishes the results as scan_topk
-// does. The launch must be cooperative (every block resident): a block that never runs would
-// never see its requests. The kernel ends on an exit command (cmd 1), or by itself after
-// `idle_ns` without a request (relay tag MAIL_EXIT); a request that races with that is
-// resubmitted by the host, which sees the kernel gone and the request unpublished.
-// ---------------------------------------------------------------------------------------------
-#define MAIL_HDR 128
-#define MAIL_EXIT 0xFFFFFFFFu
-#define MAIL_NW ((MAIL_HDR + PARAMS_BYTES + DP * 4) / 4)
-struct MailHdr {
-    u32 seq;       // unused (every entry carries the sequence number)
-    u32 cmd;       // 0 search, 1 exit
-    u32 _pad[2];
-    Table T;       // the table and candidate buffers may move between requests
-    u32* cand_key;
-    u32* cand_row;
-};
-
-__device__ __forceinline__ u64 ld_vol64(const u64* p) {
-    u64 v;
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ u32 ld_vol32(const u32* p) {
-    u32 v;
-    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_vol64(u64* p, u64 v) {
-    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 now_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// Reads every entry of `src` into words[] (shared memory); true in every thread when all of
-// them carry tag `s` (or, for s == 0, one tag other than `last` and 0, which thread 0 leaves in
-// *got). Every thread of the block must call it.
-__device__ __forceinline__ bool read_ll(const u64* src, u32* words, u32 s, u32 last, u32* got) {
-    const u32 t = threadIdx.x;
-    const u64 e0 = ld_vol64(src);
-    const u32 want = s ? s : (u32)(e0 >> 32);
-    bool ok = want != last && want != 0u;
-    for (u32 i = t; i < MAIL_NW; i += NT) {
-        const u64 e = i ? ld_vol64(src + i) : e0;
-        ok = ok && (u32)(e >> 32) == want;
-        words[i] = (u32)e;
-    }
-    if (t == 0) *got = want;
-    if (!__syncthreads_and(ok)) return false;
-    return __syncthreads_and(want == *got) != 0;  // one tag in every thread
-}
-
-extern "C" __global__ void __launch_bounds__(NT) scan_topk_p(const u64* mail, u64* relay, u32* ctl, unsigned char* out,
-                                                             u32 seq0, u64 idle_ns) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ SelShared S;
-    __shared__ u64 sns[MAXNS];
-    __shared__ u32 cur, quit;
-    const u32 t = threadIdx.x;
-    u32* words = (u32*)smem;  // the request (the chunk keys' space, free between requests)
-    const MailHdr& H = *(const MailHdr*)words;
-    const Params& P = *(const Params*)(words + MAIL_HDR / 4);
-    float* qs = (float*)(smem + SMEM_MAIN);
-    u32 last = seq0;  // the request this block served last
-    u64 t_req = now_ns();
-    for (;;) {
-        if (blockIdx.x == 0) {
-            // Wait for a request: thread 0 polls entry 0 over PCIe, then the block reads the
-            // whole mailbox (again if the host was still writing it).
-            if (t == 0) {
-                quit = 0u;
-                u32 sp = 0;
-                while ((u32)(ld_vol64(mail) >> 32) == last) {
-                    if ((++sp & 15) == 0 && now_ns() - t_req > idle_ns) {
-                        quit = 1u;
-                        break;
-                    }
-                }
-            }
-            __syncthreads();
-            if (quit) {
-                if (t == 0) st_vol64(relay, (u64)MAIL_EXIT << 32);
-                return;
-            }
-            if (!read_ll(mail, words, 0u, last, &cur)) continue;
-            const u64 tag = (u64)cur << 32;
-            for (u32 i = t; i < MAIL_NW; i += NT) st_vol64(relay + i, tag | words[i]);
-            if (t == 0) t_req = now_ns();
-        } else {
-            if (t == 0) {
-                u32 s;
-                while ((s = (u32)(ld_vol64(relay) >> 32)) == last || s == 0u) __nanosleep(64);
-                cur = s;
-            }
-            __syncthreads();
-            const u32 s = cur;
-            if (s == MAIL_EXIT) return;
-            // A block that lagged may find a newer request being relayed: then wait again.
-            if (!read_ll(relay, words, s, last, &cur)) continue;
-        }
-        last = cur;
-        if (H.cmd != 0) return;
-        for (u32 i = t; i < DP; i += NT) qs[i] = __int_as_float((int)words[(MAIL_HDR + PARAMS_BYTES) / 4 + i]);
-        if (P.nns != NONE_U32)
-            for (u32 i = t; i < P.nns && i < MAXNS; i += NT) sns[i] = P.ns[i];
-        __syncthreads();
-        // The body reuses the request's shared memory: keep what it reads in registers/copies.
-        __shared__ Params Pc;
-        __shared__ Table Tc;
-        __shared__ u32* ck2[2];
-        for (u32 i = t; i < sizeof(Params) / 4; i += NT) ((u32*)&Pc)[i] = ((const u32*)&P)[i];
-        if (t == 0) {
-            Tc = H.T;
-            ck2[0] = H.cand_key;
-            ck2[1] = H.cand_row;
-        }
-        __syncthreads();
-        for (u32 vb = blockIdx.x; vb < Pc.grid; vb += gridDim.x) {
-            scan_topk_body(Pc, qs, Tc, ck2[0], ck2[1], ctl, out, smem, S, sns, vb);
-            __syncthreads();
-        }
-        // Block 0 polls PCIe again only once the request is published (ctl[3], written by the
-        // last block after the results): reads of host memory in flight slow the other blocks'
-        // fences (measured on the H200: publish fence 0.6 -> 7 us with the mailbox polled).
-        if (blockIdx.x == 0 && t == 0)
-            while (ld_vol32(ctl + 3) != cur) __nanosleep(64);
-        __syncthreads();
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Batches. The GEMM writes a tile of scores, column-major [rows x nq] (ld >= rows, a multiple of

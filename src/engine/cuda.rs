@@ -138,6 +138,7 @@ fn ckb(what: &str, r: cb::cublasStatus_t) -> Result<()> {
 }
 
 /// Device memory; freed on drop.
+#[allow(dead_code)] // `bytes` documents the allocation (useful in a debugger)
 struct DevBuf {
     ptr: sys::CUdeviceptr,
     bytes: usize,
@@ -235,52 +236,9 @@ impl Drop for Graph {
     }
 }
 
-/// Header of a persistent kernel's request (`struct MailHdr` in the kernel); Params and the
-/// query follow at MAIL_HDR and MAIL_HDR + PARAMS_BYTES.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct MailHdr {
-    seq: u32,
-    cmd: u32,
-    _pad: [u32; 2],
-    table: TableArg,
-    cand_key: u64,
-    cand_row: u64,
-}
-const MAIL_HDR: usize = 128;
-const _: () = assert!(std::mem::size_of::<MailHdr>() <= MAIL_HDR);
-/// Sequence numbers the mailbox never carries (0: the relay is being written; MAIL_EXIT: the
-/// kernel is ending).
-const MAIL_EXIT: u32 = u32::MAX;
-/// How long the persistent kernel waits for a request before it ends by itself
-/// (`KALOS_PERSIST_IDLE_US` overrides): it holds every SM while it waits.
-const PERSIST_IDLE_NS: u64 = 20_000_000;
-/// Longest wait for the GPU to answer one single query before the engine gives up on it.
+/// Longest wait for the GPU to answer one single query before the engine gives up on it (a
+/// hung kernel must not hang the server and its clients forever).
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The persistent single-query kernel (scan_topk_p; `KALOS_PERSIST=1`): launched once, it
-/// takes request after request from a mailbox in mapped host memory, so a request pays no
-/// kernel launch. It holds every SM while it runs, so every other GPU operation of the engine
-/// first ends it ([`CudaEngine::stop_persistent`]); it also ends by itself after
-/// PERSIST_IDLE_NS without a request, and the next request launches it again.
-struct Persist {
-    f: sys::CUfunction,
-    /// Pinned host memory mapped into the device: the request's words (MailHdr, Params,
-    /// query), each as a 64-bit entry tagged with its sequence number.
-    mail: HostBuf,
-    d_mail: sys::CUdeviceptr,
-    /// The request being posted, as plain words.
-    words: Vec<u8>,
-    /// Device copy of the mailbox that block 0 relays to the other blocks.
-    relay: DevBuf,
-    /// Resident blocks (SMs x blocks per SM, capped by the occupancy).
-    grid: u32,
-    smem: u32,
-    running: bool,
-    idle_ns: u64,
-    /// Launches (the first request after an idle exit, a batch or an update launches again).
-    launches: u64,
-}
 
 /// True when the driver, NVRTC and cuBLAS libraries can be loaded (nothing else is touched).
 pub fn libraries_present() -> bool {
@@ -484,8 +442,7 @@ pub struct CudaEngine {
     batch_times: Vec<u64>,
     d_ckey: DevBuf,
     d_crow: DevBuf,
-    /// Merge control of the single-query kernel: [ticket, bound, candidates appended, last
-    /// published sequence number].
+    /// Merge control of the single-query kernel: [ticket, bound, candidates appended, 0].
     d_ticket: DevBuf,
     cand_cap: usize,
     graphs: HashMap<u32, (u64, Graph)>,
@@ -513,8 +470,6 @@ pub struct CudaEngine {
     slots_dev: u64,
     /// Single-query responses written straight into a client's slot (for the report).
     direct_writes: u64,
-    /// The persistent single-query kernel, when enabled and the device can run it.
-    persist: Option<Persist>,
 }
 
 /// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
@@ -568,14 +523,6 @@ fn kernel_node(f: sys::CUfunction, grid: u32, smem: u32, args: *mut *mut c_void)
     }
 }
 
-/// The next request sequence number: never 0 (the relay's "being written") nor MAIL_EXIT.
-fn next_seq(s: u32) -> u32 {
-    match s.wrapping_add(1) {
-        0 | MAIL_EXIT => 1,
-        n => n,
-    }
-}
-
 /// Writes Params and the query (zero-padded to `dp` floats) as the kernels read them.
 fn put_request(buf: &mut [u8], p: &Params, q: &[f32], dp: usize) {
     // SAFETY: Params is repr(C) plain data.
@@ -585,24 +532,6 @@ fn put_request(buf: &mut [u8], p: &Params, q: &[f32], dp: usize) {
     for (i, c) in qb.chunks_exact_mut(4).enumerate() {
         let v = if i < q.len() { q[i] } else { 0.0 };
         c.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-/// Posts a request to the persistent kernel: `hdr` into the first MAIL_HDR bytes of `words`
-/// (Params and the query already follow it), then every 32-bit word into the mailbox as one
-/// 64-bit entry tagged with `seq` (the kernel takes the request once every tag is `seq`).
-fn post_mail(mail: &mut HostBuf, words: &mut [u8], hdr: MailHdr, seq: u32) {
-    // SAFETY: MailHdr is repr(C) plain data of at most MAIL_HDR bytes.
-    let hb = unsafe { std::slice::from_raw_parts(&hdr as *const MailHdr as *const u8, std::mem::size_of::<MailHdr>()) };
-    words[..hb.len()].copy_from_slice(hb);
-    let dst = mail.ptr as *mut u64;
-    debug_assert!(mail.bytes >= words.len() * 2);
-    for (i, w) in words.chunks_exact(4).enumerate() {
-        let e = u32::from_le_bytes(w.try_into().unwrap()) as u64 | ((seq as u64) << 32);
-        // SAFETY: the mailbox holds 8 bytes per request word (mail.bytes >= 2 * words.len()),
-        // 8-byte aligned pinned memory the device only reads; one aligned 8-byte store per entry
-        // (never torn: the kernel relies on that).
-        unsafe { std::ptr::write_volatile(dst.add(i), e) };
     }
 }
 
@@ -749,12 +678,8 @@ impl CudaEngine {
             slots: (0, 0),
             slots_dev: 0,
             direct_writes: 0,
-            persist: None,
         };
         e.d_out = e.h_out.device_ptr()?;
-        if std::env::var("KALOS_PERSIST").is_ok_and(|v| v == "1") {
-            e.persist = e.make_persist(getf("scan_topk_p")?, smem_scan)?;
-        }
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
         let max_rows = e.limit_bytes / e.row_bytes();
         let initial = store.len().max(store.capacity().min(1 << 16).min(max_rows)).max(1);
@@ -915,11 +840,7 @@ impl CudaEngine {
         // bucket of n so that the captured graph is reused while the table grows or shrinks.
         let nb = n.next_power_of_two().max(1);
         let min_rows = if k > 64 { (4 * k).min(CHUNK) } else { self.min_rows };
-        let mut g = nb.div_ceil(min_rows).min(self.grid_per_sm * self.sms).max(nb.div_ceil(CHUNK)).max(1);
-        if let Some(p) = &self.persist {
-            // One logical block per resident block where the chunk limit allows.
-            g = g.min(p.grid as usize).max(nb.div_ceil(CHUNK));
-        }
+        let g = nb.div_ceil(min_rows).min(self.grid_per_sm * self.sms).max(nb.div_ceil(CHUNK)).max(1);
         g as u32
     }
 
@@ -1019,11 +940,8 @@ impl CudaEngine {
         let k = req.k.min(KMAX);
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
-        if grid as usize > self.cand_cap {
-            self.stop_persistent()?; // the candidate buffers move
-        }
         self.ensure_cand(grid as usize)?;
-        if self.persist.is_none() && self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
+        if self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
             self.graphs.remove(&grid);
             let g = self.build_graph(grid)?;
             self.graphs.insert(grid, (self.gen, g));
@@ -1034,10 +952,7 @@ impl CudaEngine {
         }
         let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
         p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
-        if self.persist.as_ref().is_some_and(|ps| !ps.running) {
-            self.launch_persistent(self.seq)?;
-        }
-        self.seq = next_seq(self.seq);
+        self.seq = self.seq.wrapping_add(1).max(1);
         p.seq = self.seq;
         // The kernel also writes the response body into the client's slot when it is mapped.
         let direct = req.direct.and_then(|d| {
@@ -1049,19 +964,12 @@ impl CudaEngine {
             p.dst = dst;
         }
         let dp = self.dp;
+        put_request(self.h_in.slice(), &p, q, dp);
         let t0 = std::time::Instant::now();
-        let hdr = MailHdr { seq: 0, cmd: 0, _pad: [0; 2], table: self.table_arg(), cand_key: self.d_ckey.ptr, cand_row: self.d_crow.ptr };
-        if let Some(ps) = self.persist.as_mut() {
-            put_request(&mut ps.words[MAIL_HDR..], &p, q, dp);
-            post_mail(&mut ps.mail, &mut ps.words, hdr, p.seq);
-        } else {
-            put_request(self.h_in.slice(), &p, q, dp);
-        }
         let smem = (SMEM_MAIN + self.dp * 4) as u32;
         let (mut tab, mut tail) = self.scan_tail();
         let mut args = scan_arg_ptrs(self.h_in.ptr as *mut c_void, &mut tab, &mut tail);
         match self.sq_mode {
-            _ if self.persist.is_some() => {}
             SqMode::Graph => {
                 let g = &self.graphs.get(&grid).unwrap().1;
                 let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
@@ -1113,13 +1021,10 @@ impl CudaEngine {
 
     /// Spins until the kernel has published sequence number `seq` (the server thread polls
     /// anyway; a stream synchronisation would add microseconds). A failed kernel, one that
-    /// finished without publishing, and no answer within ANSWER_TIMEOUT are errors. The
-    /// persistent kernel may have ended by itself (idle) just as the request was posted: then it
-    /// is launched again, once, and picks the request up from the mailbox.
-    fn wait_published(&mut self, seq: u32) -> Result<()> {
+    /// finished without publishing, and no answer within ANSWER_TIMEOUT are errors.
+    fn wait_published(&self, seq: u32) -> Result<()> {
         let word = unsafe { self.h_out.ptr.add(4) as *const u32 };
         let t0 = std::time::Instant::now();
-        let mut relaunched = false;
         let mut i = 0u32;
         loop {
             // SAFETY: h_out is live pinned memory; the kernel writes this word (volatile).
@@ -1138,100 +1043,12 @@ impl CudaEngine {
                     std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
                     return Ok(());
                 }
-                if self.persist.as_ref().is_some_and(|p| p.running) && !relaunched {
-                    relaunched = true;
-                    self.persist.as_mut().unwrap().running = false;
-                    self.launch_persistent(seq.wrapping_sub(1))?;
-                    continue;
-                }
                 return Err(Error::new(Status::Cuda, "the search kernel finished without publishing its results"));
             } else if r != sys::CUresult::CUDA_ERROR_NOT_READY {
                 return Err(cu_err("search kernel", r));
             }
             if t0.elapsed() > ANSWER_TIMEOUT {
                 return Err(Error::new(Status::Cuda, format!("the GPU did not answer a query within {} s", ANSWER_TIMEOUT.as_secs())));
-            }
-        }
-    }
-
-    /// Sets up the persistent single-query kernel (None when the device cannot run it: no
-    /// cooperative launch, or no block fits an SM).
-    fn make_persist(&self, f: sys::CUfunction, smem: usize) -> Result<Option<Persist>> {
-        ck("cuFuncSetAttribute", unsafe {
-            sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-        })?;
-        let coop = self._ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH).unwrap_or(0);
-        let mut per_sm = 0i32;
-        ck("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, NT as i32, smem)
-        })?;
-        if coop == 0 || per_sm <= 0 {
-            return Ok(None);
-        }
-        let bytes = 2 * (MAIL_HDR + PARAMS_BYTES + self.dp * 4); // 8 bytes per request word
-        let mut mail = HostBuf::with_flags(bytes, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?;
-        mail.slice().fill(0);
-        let d_mail = mail.device_ptr()?;
-        let idle_us = std::env::var("KALOS_PERSIST_IDLE_US").ok().and_then(|v| v.parse::<u64>().ok());
-        Ok(Some(Persist {
-            f,
-            mail,
-            d_mail,
-            words: vec![0; bytes / 2],
-            relay: DevBuf::new(bytes, "request relay")?,
-            grid: (self.sms * (per_sm as usize).min(self.grid_per_sm)) as u32,
-            smem: smem as u32,
-            running: false,
-            idle_ns: idle_us.map_or(PERSIST_IDLE_NS, |u| u.clamp(100, 10_000_000) * 1000),
-            launches: 0,
-        }))
-    }
-
-    /// Launches the persistent kernel; it serves the first mailbox sequence number other than
-    /// `seq0`.
-    fn launch_persistent(&mut self, seq0: u32) -> Result<()> {
-        let stream = self.stream;
-        let (mut ctl, mut out) = (self.d_ticket.ptr, self.d_out);
-        let Some(ps) = self.persist.as_mut() else { return Ok(()) };
-        let (mut mail, mut relay, mut s0, mut idle) = (ps.d_mail, ps.relay.ptr, seq0, ps.idle_ns);
-        let mut args: [*mut c_void; 6] = [
-            &mut mail as *mut u64 as *mut c_void,
-            &mut relay as *mut u64 as *mut c_void,
-            &mut ctl as *mut u64 as *mut c_void,
-            &mut out as *mut u64 as *mut c_void,
-            &mut s0 as *mut u32 as *mut c_void,
-            &mut idle as *mut u64 as *mut c_void,
-        ];
-        // SAFETY: the relay is a live device buffer (its word 0 must not hold a stale sequence
-        // number or MAIL_EXIT); the argument array matches scan_topk_p's signature and the
-        // locals it points to outlive the call (arguments are copied at launch).
-        unsafe {
-            ck("relay reset", sys::cuMemsetD8Async(relay, 0, ps.relay.bytes, stream))?;
-            ck("persistent kernel launch", sys::cuLaunchCooperativeKernel(ps.f, ps.grid, 1, 1, NT, 1, 1, ps.smem, stream, args.as_mut_ptr()))?;
-        }
-        ps.running = true;
-        ps.launches += 1;
-        Ok(())
-    }
-
-    /// Ends the persistent kernel (if it runs) and waits for it: every other GPU operation of
-    /// the engine needs the SMs it holds, and a buffer it reads may move.
-    fn stop_persistent(&mut self) -> Result<()> {
-        if !self.persist.as_ref().is_some_and(|p| p.running) {
-            return Ok(());
-        }
-        self.seq = next_seq(self.seq);
-        let hdr = MailHdr { seq: 0, cmd: 1, _pad: [0; 2], table: self.table_arg(), cand_key: 0, cand_row: 0 };
-        let ps = self.persist.as_mut().unwrap();
-        ps.running = false;
-        post_mail(&mut ps.mail, &mut ps.words, hdr, self.seq);
-        let t0 = std::time::Instant::now();
-        loop {
-            match unsafe { sys::cuStreamQuery(self.stream) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY if t0.elapsed() < ANSWER_TIMEOUT => std::thread::yield_now(),
-                sys::CUresult::CUDA_ERROR_NOT_READY => return Err(Error::new(Status::Cuda, "the persistent search kernel did not end")),
-                r => return Err(cu_err("persistent search kernel", r)),
             }
         }
     }
@@ -1639,16 +1456,8 @@ impl Drop for CudaEngine {
                 p50(8) * 1000.0
             );
         }
-        if let Some(p) = self.persist.as_ref().filter(|_| std::env::var_os("KALOS_CUDA_REPORT").is_some()) {
-            eprintln!("kalos cuda engine ({}): persistent single-query kernel, {} blocks, launched {} times", self.describe(), p.grid, p.launches);
-        }
-        // A persistent kernel that will not end (it ends by itself when idle) must not hang the
-        // stream synchronisation below.
-        let stopped = catch_unwind(AssertUnwindSafe(|| self.stop_persistent())).is_ok_and(|r| r.is_ok());
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
-            if stopped {
-                sys::cuStreamSynchronize(self.stream);
-            }
+            sys::cuStreamSynchronize(self.stream);
             if self.slots_dev != 0 {
                 sys::cuMemHostUnregister(self.slots.0 as *mut c_void);
             }
@@ -1678,23 +1487,14 @@ impl Engine for CudaEngine {
         s
     }
     fn sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()> {
-        self.guarded("sync", |e| {
-            e.stop_persistent()?;
-            e.do_sync(store, dirty)
-        })
+        self.guarded("sync", |e| e.do_sync(store, dirty))
     }
     fn reserve(&mut self, rows: usize) -> Result<()> {
-        self.guarded("reserve", |e| {
-            e.stop_persistent()?;
-            e.ensure_capacity(rows)
-        })
+        self.guarded("reserve", |e| e.ensure_capacity(rows))
     }
     fn attach_slots(&mut self, base: *mut u8, len: usize) -> bool {
         if self.slots_dev != 0 || base.is_null() || len == 0 || std::env::var("KALOS_DIRECT").is_ok_and(|v| v == "0") {
             return self.slots_dev != 0;
-        }
-        if self.stop_persistent().is_err() {
-            return false;
         }
         let r = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: [base, base + len) is a live shared mapping the server keeps for the
@@ -1743,7 +1543,6 @@ impl Engine for CudaEngine {
                 out.push(h);
                 Ok(())
             } else {
-                e.stop_persistent()?;
                 e.search_batch(store, req, out)
             }
         })
