@@ -235,12 +235,17 @@ pub struct DirectOut {
 }
 
 impl DirectOut {
+    /// Length of a single query's response body with `n` hits (count, ids, scores).
+    pub const fn body_len(n: usize) -> usize {
+        4 + 12 * n
+    }
+
     /// Writes one query's recall response body (count u32, ids u64[n], scores f32[n],
     /// little-endian) at `host` and records its length. Returns false, writing nothing, when it
     /// does not fit in `cap` bytes (the server then encodes the response itself).
     pub fn write_hits(&self, hits: &[Hit]) -> bool {
         let n = hits.len();
-        let len = 4 + 12 * n;
+        let len = Self::body_len(n);
         if self.host.is_null() || len > self.cap {
             return false;
         }

@@ -28,7 +28,7 @@ use super::{Engine, EngineKind};
 use crate::client::Options;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES, MAX_K};
+use crate::types::{DirectOut, Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES, MAX_K};
 
 /// Kernel sources embedded in the library: (module name, source).
 pub const KERNELS: &[(&str, &str)] = &[("topk", include_str!("../../kernels/topk.cu"))];
@@ -439,7 +439,7 @@ pub struct CudaEngine {
     /// KALOS_PROF=1: per request, the kernel's phase durations (ns) from its timestamps.
     prof: Option<Vec<[u32; 9]>>,
     /// Engine time of each batched search (ns), reported with KALOS_CUDA_REPORT.
-    batch_times: Vec<u64>,
+    batch_times: Vec<(usize, u64)>,
     d_ckey: DevBuf,
     d_crow: DevBuf,
     /// Merge control of the single-query kernel: [ticket, bound, candidates appended, 0].
@@ -958,7 +958,7 @@ impl CudaEngine {
         let direct = req.direct.and_then(|d| {
             let (h, len) = self.slots;
             let off = (d.host as usize).checked_sub(h)?;
-            (self.slots_dev != 0 && d.cap >= 4 + 12 * k && off.checked_add(4 + 12 * k)? <= len).then_some((d, self.slots_dev + off as u64))
+            (self.slots_dev != 0 && d.cap >= DirectOut::body_len(k) && off.checked_add(DirectOut::body_len(k))? <= len).then_some((d, self.slots_dev + off as u64))
         });
         if let Some((_, dst)) = direct {
             p.dst = dst;
@@ -1013,7 +1013,7 @@ impl CudaEngine {
             hits.push(Hit { id, score });
         }
         if let Some((d, _)) = direct {
-            d.written.set(4 + 12 * count);
+            d.written.set(DirectOut::body_len(count));
             self.direct_writes += 1;
         }
         Ok(hits)
@@ -1295,7 +1295,7 @@ impl CudaEngine {
             }
         }
         if self.batch_times.len() < 1 << 16 {
-            self.batch_times.push(t_start.elapsed().as_nanos() as u64);
+            self.batch_times.push((nq_all, t_start.elapsed().as_nanos() as u64));
         }
         if self.batch_profile {
             let fs = FilterStep { m: nq_all.min(nqt), span, cap, high, smem: fsmem };
@@ -1424,15 +1424,23 @@ impl Drop for CudaEngine {
             );
         }
         if !self.batch_times.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
-            let mut v = self.batch_times.clone();
-            v.sort_unstable();
-            eprintln!(
-                "kalos cuda engine ({}): {} batched searches, engine time p50 {:.3} ms, min {:.3} ms",
-                self.describe(),
-                v.len(),
-                v[v.len() / 2] as f64 / 1e6,
-                v[0] as f64 / 1e6
-            );
+            // Per batch size: a benchmark's 1024-query batches and its small recall checks apart.
+            let mut sizes: Vec<usize> = self.batch_times.iter().map(|&(nq, _)| nq).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            for nq in sizes {
+                let mut v: Vec<u64> = self.batch_times.iter().filter(|&&(m, _)| m == nq).map(|&(_, t)| t).collect();
+                v.sort_unstable();
+                eprintln!(
+                    "kalos cuda engine ({}): {} batched searches of {} queries, engine time p50 {:.3} ms, min {:.3} ms, max {:.3} ms",
+                    self.describe(),
+                    v.len(),
+                    nq,
+                    v[v.len() / 2] as f64 / 1e6,
+                    v[0] as f64 / 1e6,
+                    v[v.len() - 1] as f64 / 1e6
+                );
+            }
         }
         if let Some(v) = self.prof.as_ref().filter(|v| !v.is_empty()) {
             let p50 = |i: usize| {
