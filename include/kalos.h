@@ -250,6 +250,28 @@ typedef struct kalos_upsert_params {
 // Status code returned by every function (`KALOS_OK` = 0).
 typedef int32_t kalos_status;
 
+// The arguments of one `kalos_recall` call in a struct, for `kalos_recall_with`: callers whose
+// foreign calls cost per argument (Python ctypes: ~70 ns each) fill it once and change only
+// `query` (and `k`) per call. Fields as the parameters of `kalos_recall`; `count` is written by
+// the call. Initialise with `kalos_recall_args_init`.
+typedef struct kalos_recall_args {
+  // `sizeof(kalos_recall_args)`.
+  uint32_t struct_size;
+  // Results wanted (1 to 1024).
+  uint32_t k;
+  const struct kalos_handle *handle;
+  const float *query;
+  size_t query_len;
+  // NULL for the defaults.
+  const struct kalos_recall_params *params;
+  uint64_t *ids;
+  size_t ids_len;
+  float *scores;
+  size_t scores_len;
+  // Out: the number of hits written (on success only, like every output).
+  size_t count;
+} kalos_recall_args;
+
 // Server statistics filled by `kalos_stats`. Set `struct_size` before the call.
 typedef struct kalos_stats_info {
   // `sizeof(kalos_stats_info)`, set by the caller.
@@ -346,6 +368,21 @@ kalos_status kalos_recall(const struct kalos_handle *h,
                           float *scores,
                           size_t scores_len,
                           size_t *count);
+
+// `kalos_recall` for the arguments in `args` (see `kalos_recall_args`): the same checks,
+// results and errors, and the hit count in `args->count` (written on success only). Thread-safe for
+// distinct `args` structs; one struct must not be used by two calls at once.
+//
+// # Safety
+// `args` NULL (the call returns `KALOS_NULL_POINTER`) or a writable `kalos_recall_args` of at
+// least its `struct_size` bytes whose fields satisfy `kalos_recall`'s contract.
+kalos_status kalos_recall_with(struct kalos_recall_args *args);
+
+// Fills `args` with zeros and NULLs, `k` = 10 and `struct_size`. NULL is a no-op.
+//
+// # Safety
+// `args` must be NULL or point to writable memory of `sizeof(kalos_recall_args)`.
+void kalos_recall_args_init(struct kalos_recall_args *args);
 
 // Recalls the top-`k` for each of `nq` queries (`queries_len` = nq × dim floats, row-major).
 //

@@ -197,6 +197,30 @@ pub struct kalos_recall_params {
     pub timeout_ms: u64,
 }
 
+/// The arguments of one `kalos_recall` call in a struct, for `kalos_recall_with`: callers whose
+/// foreign calls cost per argument (Python ctypes: ~70 ns each) fill it once and change only
+/// `query` (and `k`) per call. Fields as the parameters of `kalos_recall`; `count` is written by
+/// the call. Initialise with `kalos_recall_args_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_recall_args {
+    /// `sizeof(kalos_recall_args)`.
+    pub struct_size: u32,
+    /// Results wanted (1 to 1024).
+    pub k: u32,
+    pub handle: *const kalos_handle,
+    pub query: *const f32,
+    pub query_len: usize,
+    /// NULL for the defaults.
+    pub params: *const kalos_recall_params,
+    pub ids: *mut u64,
+    pub ids_len: usize,
+    pub scores: *mut f32,
+    pub scores_len: usize,
+    /// Out: the number of hits written (on success only, like every output).
+    pub count: usize,
+}
+
 /// Per-call upsert parameters; pass NULL for the defaults (namespace 0, no payloads, no
 /// expiry). Initialise with `kalos_upsert_params_init`.
 #[allow(non_camel_case_types)]
@@ -559,28 +583,100 @@ pub unsafe extern "C" fn kalos_recall(
     count: *mut usize,
 ) -> kalos_status {
     guard(|| {
-        // SAFETY: contract of this function.
-        let h = unsafe { handle(h) }?;
-        // SAFETY: contract of this function.
-        let q = unsafe { slice(query, query_len, "query") }?;
-        // SAFETY: contract of this function.
-        let o = unsafe { read_recall_params(params) }?;
         if count.is_null() {
             return Err(null("count"));
         }
-        check_k(k as usize)?;
-        if ids_len < k as usize || scores_len < k as usize {
-            return Err(Error::new(Status::BufferTooSmall, format!("ids_len {ids_len} and scores_len {scores_len} must be at least k = {k}")));
-        }
-        // SAFETY: contract of this function.
-        let ids = unsafe { slice_mut(ids, ids_len, "ids") }?;
-        // SAFETY: contract of this function.
-        let scores = unsafe { slice_mut(scores, scores_len, "scores") }?;
-        let n = h.recall_into(q, k as usize, &o, ids, scores)?;
+        // SAFETY: contract of this function (the same as recall_one's).
+        let n = unsafe { recall_one(h, query, query_len, k, params, ids, ids_len, scores, scores_len) }?;
         // SAFETY: non-NULL, writable.
         unsafe { *count = n };
         Ok(())
     })
+}
+
+/// `kalos_recall` for the arguments in `args` (see `kalos_recall_args`): the same checks,
+/// results and errors, and the hit count in `args->count` (written on success only). Thread-safe for
+/// distinct `args` structs; one struct must not be used by two calls at once.
+///
+/// # Safety
+/// `args` NULL (the call returns `KALOS_NULL_POINTER`) or a writable `kalos_recall_args` of at
+/// least its `struct_size` bytes whose fields satisfy `kalos_recall`'s contract.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_with(args: *mut kalos_recall_args) -> kalos_status {
+    guard(|| {
+        if args.is_null() {
+            return Err(null("args"));
+        }
+        // SAFETY: non-NULL, writable, at least struct_size bytes per the contract; only fields
+        // inside the size checked below are touched.
+        let a = unsafe { &mut *args };
+        if (a.struct_size as usize) < std::mem::size_of::<kalos_recall_args>() {
+            return Err(Error::new(Status::InvalidArgument, "recall args struct_size too small; call kalos_recall_args_init"));
+        }
+        // SAFETY: the fields carry kalos_recall's contract (this function's).
+        a.count = unsafe { recall_one(a.handle, a.query, a.query_len, a.k, a.params, a.ids, a.ids_len, a.scores, a.scores_len) }?;
+        Ok(())
+    })
+}
+
+/// Fills `args` with zeros and NULLs, `k` = 10 and `struct_size`. NULL is a no-op.
+///
+/// # Safety
+/// `args` must be NULL or point to writable memory of `sizeof(kalos_recall_args)`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_args_init(args: *mut kalos_recall_args) {
+    if args.is_null() {
+        return;
+    }
+    let a = kalos_recall_args {
+        struct_size: std::mem::size_of::<kalos_recall_args>() as u32,
+        k: 10,
+        handle: std::ptr::null(),
+        query: std::ptr::null(),
+        query_len: 0,
+        params: std::ptr::null(),
+        ids: std::ptr::null_mut(),
+        ids_len: 0,
+        scores: std::ptr::null_mut(),
+        scores_len: 0,
+        count: 0,
+    };
+    // SAFETY: non-NULL and writable for the struct per the contract.
+    unsafe { args.write(a) };
+}
+
+/// One recall for `kalos_recall` and `kalos_recall_with`; returns the hit count.
+///
+/// # Safety
+/// `h` a live handle; `query` `query_len` readable floats; `params` NULL or valid;
+/// `ids`/`scores` writable for their lengths (NULL is reported as an error).
+#[allow(clippy::too_many_arguments)]
+unsafe fn recall_one(
+    h: *const kalos_handle,
+    query: *const f32,
+    query_len: usize,
+    k: u32,
+    params: *const kalos_recall_params,
+    ids: *mut u64,
+    ids_len: usize,
+    scores: *mut f32,
+    scores_len: usize,
+) -> Result<usize> {
+    // SAFETY: contract of this function.
+    let h = unsafe { handle(h) }?;
+    // SAFETY: contract of this function.
+    let q = unsafe { slice(query, query_len, "query") }?;
+    // SAFETY: contract of this function.
+    let o = unsafe { read_recall_params(params) }?;
+    check_k(k as usize)?;
+    if ids_len < k as usize || scores_len < k as usize {
+        return Err(Error::new(Status::BufferTooSmall, format!("ids_len {ids_len} and scores_len {scores_len} must be at least k = {k}")));
+    }
+    // SAFETY: contract of this function.
+    let ids = unsafe { slice_mut(ids, ids_len, "ids") }?;
+    // SAFETY: contract of this function.
+    let scores = unsafe { slice_mut(scores, scores_len, "scores") }?;
+    h.recall_into(q, k as usize, &o, ids, scores)
 }
 
 /// Recalls the top-`k` for each of `nq` queries (`queries_len` = nq × dim floats, row-major).

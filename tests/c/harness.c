@@ -354,6 +354,58 @@ static void test_errors(void) {
     }
     CHECK_STATUS(kalos_recall(h, q, 4, 2, NULL, rid, 8, rsc, 8, &cnt), KALOS_OK);
     CHECK(cnt == 2 && rid[0] == 1, "recall after errors still works (ids %llu)", (unsigned long long)rid[0]);
+    /* kalos_recall_with: the same recall from a struct, and the same errors */
+    {
+        kalos_recall_args a;
+        kalos_recall_args_init(&a);
+        CHECK(a.struct_size == sizeof a && a.k == 10 && a.count == 0, "kalos_recall_args_init");
+        uint64_t wid[8];
+        float wsc[8];
+        a.handle = h;
+        a.query = q;
+        a.query_len = 4;
+        a.k = 2;
+        a.ids = wid;
+        a.ids_len = 8;
+        a.scores = wsc;
+        a.scores_len = 8;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_OK);
+        CHECK(a.count == cnt && wid[0] == rid[0] && wid[1] == rid[1] && wsc[0] == rsc[0] && wsc[1] == rsc[1],
+              "kalos_recall_with matches kalos_recall (count %zu)", a.count);
+        a.query_len = 3;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_DIMENSION_MISMATCH);
+        CHECK(a.count == cnt, "count is left alone by an error (%zu)", a.count);
+        a.query_len = 4;
+        a.k = 0;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_K_OUT_OF_RANGE);
+        a.k = 9;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_BUFFER_TOO_SMALL);
+        a.k = 2;
+        a.query = qnan;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_NON_FINITE);
+        a.query = q;
+        a.handle = NULL;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_NULL_POINTER);
+        a.handle = h;
+        a.ids = NULL;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_NULL_POINTER);
+        a.ids = wid;
+        a.struct_size = 8;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_INVALID_ARGUMENT);
+        CHECK_STATUS(kalos_recall_with(NULL), KALOS_NULL_POINTER);
+        kalos_recall_args_init(NULL); /* a no-op */
+        kalos_recall_args_init(&a);
+        a.handle = h;
+        a.query = q;
+        a.query_len = 4;
+        a.k = 1;
+        a.ids = wid;
+        a.ids_len = 8;
+        a.scores = wsc;
+        a.scores_len = 8;
+        CHECK_STATUS(kalos_recall_with(&a), KALOS_OK);
+        CHECK(a.count == 1 && wid[0] == rid[0], "kalos_recall_with after errors (count %zu)", a.count);
+    }
     /* unknown id: reported, nothing deleted */
     {
         uint64_t mix[2] = {2, 999};

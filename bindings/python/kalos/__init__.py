@@ -65,7 +65,7 @@ __all__ = [
 
 _lib = _ffi.lib
 _recall = _lib.kalos_recall
-_recall_raw = _ffi.lib_raw.kalos_recall
+_recall_with_raw = _ffi.lib_raw.kalos_recall_with
 _last_error = _lib.kalos_last_error
 
 MAX_K: int = KALOS_MAX_K
@@ -112,9 +112,9 @@ def _verify_data_offset() -> bool:
 
 
 if _verify_data_offset():
-    #: The recall fast path passes the query pointer as ``_from_address(id(query) +
-    #: _DATA_OFFSET)``, a c_void_p laid over the header field; it is taken for 0 < k <= this
-    #: (0 when the offset does not hold: every recall then takes the general path).
+    #: The recall fast path reads the query pointer as ``_from_address(id(query) +
+    #: _DATA_OFFSET).value``, a c_void_p laid over the header field; it is taken for
+    #: 0 < k <= this (0 when the offset does not hold: every recall then takes the general path).
     _FAST_MAX_K = KALOS_MAX_K
 
     def _addr(a: np.ndarray) -> int:
@@ -217,39 +217,39 @@ class _Scratch(threading.local):
 
 
 class _Frame:
-    """Pre-built ``kalos_recall`` arguments and result buffers of one thread on one handle (the
-    fast path of :meth:`Kalos.recall`).
+    """A ``kalos_recall_args`` struct and result buffers of one thread on one handle (the fast
+    path of :meth:`Kalos.recall`).
 
-    A ctypes call with ``argtypes`` converts every Python argument through ``from_param``
-    (about 0.1 µs each, 10 arguments). The fast path instead calls a second binding of the same
-    function without ``argtypes``, passing ctypes objects of exactly the prototype's types
-    (``args``, checked by tests/test_header_drift.py). Per call only the query length and k
-    change (``.value`` stores); the query pointer travels as a ``c_void_p`` laid over the data
-    pointer field of the query's own numpy header (see ``_from_address`` above), so it is
-    neither read into a Python int nor stored anywhere. Results land in buffers of
-    ``KALOS_MAX_K`` entries and are copied out (a copy of ≤ k elements is cheaper than
-    allocating two arrays and extracting their addresses); the views of the first ``c``
-    entries are kept for the next call with the same count, so the copy-out is two
-    ``ndarray.copy()`` calls. ``busy`` is set while the buffers are in use: a recall re-entered
-    on the same thread (a signal handler or a finalizer run in between) takes the general path
-    instead of overwriting them.
+    A ctypes call costs about 70 ns per argument on the development VM even when every argument
+    is a ctypes object of the exact type, and ``kalos_recall`` takes 10 (1.15 µs against 0.48
+    for one). The fast path fills a ``kalos_recall_args`` once (handle, result buffers and
+    their capacities) and calls ``kalos_recall_with`` with its address, one argument, through a
+    binding without ``argtypes`` (``ap`` is a ``c_void_p``; checked by
+    tests/test_header_drift.py). Per call it stores the query's data pointer, read from the
+    query's own numpy header (see ``_from_address`` above), and the query length and k only
+    when they change. Results land in buffers of ``KALOS_MAX_K`` entries and are copied out (a
+    copy of ≤ k elements is cheaper than allocating two arrays and extracting their addresses);
+    the views of the first ``c`` entries are kept for the next call with the same count, so the
+    copy-out is two ``ndarray.copy()`` calls. ``busy`` is set while the struct and buffers are
+    in use: a recall re-entered on the same thread (a signal handler or a finalizer run in
+    between) takes the general path instead of overwriting them.
     """
 
-    __slots__ = ("args", "h", "qlen", "k", "ids", "scores", "ids_p", "scores_p", "cap", "count", "count_p",
-                 "busy", "c", "ids_c", "scores_c")
+    __slots__ = ("a", "ap", "qlen", "k", "ids", "scores", "busy", "c", "ids_c", "scores_c")
 
     def __init__(self, handle: int) -> None:
         self.ids = np.empty(KALOS_MAX_K, _U64)
         self.scores = np.empty(KALOS_MAX_K, _F32)
-        self.count = c_size_t(0)
-        cap = c_size_t(KALOS_MAX_K)
-        #: One object per kalos_recall parameter; [1] stands for the per-call query pointer.
-        self.args = (
-            c_void_p(handle), c_void_p(0), c_size_t(0), c_uint32(0), None,
-            c_void_p(self.ids.ctypes.data), cap, c_void_p(self.scores.ctypes.data), cap,
-            c_void_p(addressof(self.count)),
-        )
-        self.h, _, self.qlen, self.k, _, self.ids_p, self.cap, self.scores_p, _, self.count_p = self.args
+        a = self.a = _ffi.kalos_recall_args()
+        _lib.kalos_recall_args_init(byref(a))
+        a.handle = handle
+        a.ids = self.ids.ctypes.data
+        a.ids_len = KALOS_MAX_K
+        a.scores = self.scores.ctypes.data
+        a.scores_len = KALOS_MAX_K
+        self.ap = c_void_p(addressof(a))
+        self.qlen = -1  # the values now in the struct (set on first use)
+        self.k = -1
         self.busy = False
         self.c = 0
         self.ids_c = self.ids[:0]
@@ -497,21 +497,23 @@ class Kalos:
             if not f.busy:
                 f.busy = True
                 try:
-                    f.qlen.value = len(query)
-                    f.k.value = k
+                    a = f.a
+                    a.query = _from_address(id(query) + _DATA_OFFSET).value
+                    n = len(query)
+                    if n != f.qlen:
+                        a.query_len = f.qlen = n
+                    if k != f.k:
+                        a.k = f.k = k
                     self._active.append(None)
                     try:
                         if self._closing:
                             raise self._closed_error()
-                        rc = _recall_raw(
-                            f.h, _from_address(id(query) + _DATA_OFFSET), f.qlen, f.k, None,
-                            f.ids_p, f.cap, f.scores_p, f.cap, f.count_p,
-                        )
+                        rc = _recall_with_raw(f.ap)
                     finally:
                         self._active.pop()
                     if rc:
                         _check(rc)
-                    c = f.count.value
+                    c = a.count
                     if c != f.c:
                         f.c, f.ids_c, f.scores_c = c, f.ids[:c], f.scores[:c]
                     return f.ids_c.copy(), f.scores_c.copy()

@@ -138,6 +138,25 @@ class kalos_recall_params(Structure):
     ]
 
 
+class kalos_recall_args(Structure):
+    """`kalos_recall`'s arguments in one struct (`kalos_recall_with`): the recall fast path's
+    frame. Pointers are raw addresses (c_void_p)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("k", c_uint32),
+        ("handle", c_void_p),
+        ("query", c_void_p),
+        ("query_len", c_size_t),
+        ("params", c_void_p),
+        ("ids", c_void_p),
+        ("ids_len", c_size_t),
+        ("scores", c_void_p),
+        ("scores_len", c_size_t),
+        ("count", c_size_t),
+    ]
+
+
 class kalos_upsert_params(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -197,6 +216,8 @@ _P = c_void_p
 PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
     "kalos_options_init": (None, [("struct kalos_options *", POINTER(kalos_options))]),
     "kalos_recall_params_init": (None, [("struct kalos_recall_params *", POINTER(kalos_recall_params))]),
+    "kalos_recall_args_init": (None, [("struct kalos_recall_args *", POINTER(kalos_recall_args))]),
+    "kalos_recall_with": (kalos_status, [("struct kalos_recall_args *", POINTER(kalos_recall_args))]),
     "kalos_upsert_params_init": (None, [("struct kalos_upsert_params *", POINTER(kalos_upsert_params))]),
     "kalos_open": (kalos_status, [
         ("const char *", c_char_p),
@@ -371,6 +392,6 @@ library_path: str = lib._name
 #: recall fast path in kalos/__init__.py, which passes ctypes objects of the prototype's exact
 #: types. Only restype is set; the functions used this way are listed in RAW_FUNCTIONS.
 lib_raw: ctypes.CDLL = ctypes.CDLL(library_path)
-RAW_FUNCTIONS = ("kalos_recall",)
+RAW_FUNCTIONS = ("kalos_recall_with",)
 for _name in RAW_FUNCTIONS:
     getattr(lib_raw, _name).restype = PROTOTYPES[_name][0]

@@ -115,7 +115,7 @@ def test_recall_reentered_on_the_same_thread(kv, monkeypatch):
     signal handler or a finalizer could do that) must not clobber the outer call's results."""
     kv.upsert([1, 2], np.eye(2, 16, dtype=np.float32))
     q1, q2 = np.eye(2, 16, dtype=np.float32)
-    real, inner = kalos._recall_raw, []
+    real, inner = kalos._recall_with_raw, []
 
     def reentering(*args):
         rc = real(*args)
@@ -124,10 +124,10 @@ def test_recall_reentered_on_the_same_thread(kv, monkeypatch):
             inner[0] = kv.recall(q2, k=1)
         return rc
 
-    monkeypatch.setattr(kalos, "_recall_raw", reentering)
+    monkeypatch.setattr(kalos, "_recall_with_raw", reentering)
     ids, _ = kv.recall(q1, k=1)
     assert ids.tolist() == [1] and inner[0][0].tolist() == [2]
-    monkeypatch.setattr(kalos, "_recall_raw", real)
+    monkeypatch.setattr(kalos, "_recall_with_raw", real)
     assert kv.recall(q1, k=1)[0].tolist() == [1]  # the frame is free again
     assert kv.recall(q2, k=1)[0].tolist() == [2]
 

@@ -163,7 +163,7 @@ def test_prototypes_match_header():
 
 def test_structs_match_header():
     structs = header_structs()
-    for cname in ("kalos_options", "kalos_recall_params", "kalos_upsert_params", "kalos_stats_info"):
+    for cname in ("kalos_options", "kalos_recall_params", "kalos_recall_args", "kalos_upsert_params", "kalos_stats_info"):
         py = getattr(_ffi, cname)
         hf = structs[cname]
         assert [f[0] for f in py._fields_] == [f[0] for f in hf], cname
@@ -178,6 +178,7 @@ def test_struct_sizes_match_library():
     for cls, init in (
         (_ffi.kalos_options, _ffi.lib.kalos_options_init),
         (_ffi.kalos_recall_params, _ffi.lib.kalos_recall_params_init),
+        (_ffi.kalos_recall_args, _ffi.lib.kalos_recall_args_init),
         (_ffi.kalos_upsert_params, _ffi.lib.kalos_upsert_params_init),
     ):
         s = cls()
@@ -190,48 +191,47 @@ def test_version():
 
 
 def test_fast_path_frame_matches_prototype():
-    """The recall fast path calls without argtypes: its argument objects must have exactly the
-    prototype's ctypes types, one per parameter."""
-    _, args = _ffi.PROTOTYPES["kalos_recall"]
-    frame = kalos._Frame(0)
-    assert len(frame.args) == len(args) == len(header_prototypes()["kalos_recall"][1])
-    for obj, (ctype, t) in zip(frame.args, args):
-        if obj is None:
-            assert ctype.endswith("*")  # NULL params pointer
-        else:
-            assert type(obj) is t, (ctype, type(obj), t)
+    """The recall fast path calls kalos_recall_with without argtypes: its one argument must be a
+    c_void_p holding the address of a kalos_recall_args struct (whose layout
+    test_structs_match_header checks), filled in by kalos_recall_args_init."""
+    _, args = _ffi.PROTOTYPES["kalos_recall_with"]
+    assert [c for c, _ in args] == ["struct kalos_recall_args *"]
+    frame = kalos._Frame(12345)
+    assert type(frame.a) is _ffi.kalos_recall_args and type(frame.ap) is ctypes.c_void_p
+    assert frame.ap.value == ctypes.addressof(frame.a)
+    a = frame.a
+    assert a.struct_size == ctypes.sizeof(_ffi.kalos_recall_args)
+    assert a.handle == 12345 and not a.params and a.count == 0
+    assert a.ids == frame.ids.ctypes.data and a.ids_len == len(frame.ids) == kalos.KALOS_MAX_K
+    assert a.scores == frame.scores.ctypes.data and a.scores_len == len(frame.scores)
     for name in _ffi.RAW_FUNCTIONS:
         assert getattr(_ffi.lib_raw, name).restype is _ffi.PROTOTYPES[name][0]
         assert getattr(_ffi.lib_raw, name).argtypes is None
 
 
 def test_fast_path_call_passes_prototype_types(monkeypatch):
-    """What the fast path really hands to kalos_recall: one object per parameter, of the
-    prototype's exact ctypes type (the frame's own objects, and a c_void_p holding the query's
-    data pointer)."""
+    """What the fast path really hands to kalos_recall_with: the frame's c_void_p, with the
+    query's data pointer, its length and k stored in the struct it points to."""
     import numpy as np
     from conftest import unique_name
 
-    _, args = _ffi.PROTOTYPES["kalos_recall"]
     calls = []
-    real = kalos._recall_raw
+    real = kalos._recall_with_raw
 
     def spy(*a):
-        calls.append((a, [None if x is None else x.value for x in a]))
+        st = _ffi.kalos_recall_args.from_address(a[0].value)
+        calls.append((a, st.query, st.query_len, st.k))
         return real(*a)
 
-    monkeypatch.setattr(kalos, "_recall_raw", spy)
+    monkeypatch.setattr(kalos, "_recall_with_raw", spy)
     q = np.ones(8, np.float32)
+    q2 = np.full(8, 2, np.float32)
     with kalos.open(unique_name("frame"), dim=8, role="server") as kv:
         kv.upsert([1], q)
         assert kv.recall(q, k=3)[0].tolist() == [1]
+        assert kv.recall(q2, k=5)[0].tolist() == [1]
         frame = kv._tls.frame
-    (passed, values), = calls
-    assert len(passed) == len(args)
-    for obj, (ctype, t) in zip(passed, args):
-        if obj is None:
-            assert ctype.endswith("*")  # NULL params pointer
-        else:
-            assert type(obj) is t, (ctype, type(obj), t)
-    assert [i for i, (a, b) in enumerate(zip(passed, frame.args)) if a is not b] == [1]
-    assert values[1] == q.ctypes.data and values[2] == 8 and values[3] == 3
+    (p1, qa1, n1, k1), (p2, qa2, n2, k2) = calls
+    assert len(p1) == 1 and p1[0] is frame.ap and p2[0] is frame.ap
+    assert (qa1, n1, k1) == (q.ctypes.data, 8, 3)
+    assert (qa2, n2, k2) == (q2.ctypes.data, 8, 5)
