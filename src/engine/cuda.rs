@@ -221,6 +221,9 @@ enum SqMode {
     /// A graph of two nodes: a copy of params + query from pinned memory, then the kernel
     /// (larger dims).
     Copy,
+    /// No graph: `cuLaunchKernel` of the by-value kernel per request (a comparison point for
+    /// the graph's cost; `KALOS_SQ_MODE=launch`).
+    Launch,
 }
 
 impl Drop for Graph {
@@ -436,6 +439,8 @@ pub struct CudaEngine {
     seq: u32,
     /// GPU round trips (graph launch -> results published), ns, for the drop-time report.
     rtt: Vec<u32>,
+    /// Host time of the launch calls alone (set params + launch), beside each `rtt` entry.
+    rtt_api: Vec<u32>,
     /// KALOS_PROF=1: per request, the kernel's phase durations (ns) from its timestamps.
     prof: Option<Vec<[u32; 9]>>,
     /// Engine time of each batched search (ns), reported with KALOS_CUDA_REPORT.
@@ -585,6 +590,7 @@ impl CudaEngine {
         let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {
             (_, None) | (Ok("copy"), _) => SqMode::Copy,
             (Ok("value"), _) => SqMode::Graph,
+            (Ok("launch"), _) => SqMode::Launch,
             _ if PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES => SqMode::Copy,
             _ => SqMode::Graph,
         };
@@ -656,6 +662,7 @@ impl CudaEngine {
             d_out: 0,
             seq: 0,
             rtt: Vec::with_capacity(1 << 16),
+            rtt_api: Vec::with_capacity(1 << 16),
             batch_times: Vec::new(),
             d_ckey: DevBuf::empty(),
             d_crow: DevBuf::empty(),
@@ -941,7 +948,7 @@ impl CudaEngine {
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
-        if self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
+        if self.sq_mode != SqMode::Launch && self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
             self.graphs.remove(&grid);
             let g = self.build_graph(grid)?;
             self.graphs.insert(grid, (self.gen, g));
@@ -981,10 +988,20 @@ impl CudaEngine {
                 let exec = self.graphs.get(&grid).unwrap().1.exec;
                 ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
             }
+            SqMode::Launch => {
+                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
+                // SAFETY: args points at live locals holding the kernel's arguments (as for the
+                // graph node); the launch copies them before it returns.
+                ck("launch scan_topk_v", unsafe {
+                    sys::cuLaunchKernel(f, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+                })?;
+            }
         }
+        let t_api = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         self.wait_published(p.seq)?;
         if self.rtt.len() < self.rtt.capacity() {
             self.rtt.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+            self.rtt_api.push(t_api);
         }
         if let Some(v) = self.prof.as_mut() {
             // SAFETY: h_out holds PROF_OFF + 128 bytes; the kernel wrote 8 stamps and the
@@ -1414,12 +1431,16 @@ impl Drop for CudaEngine {
         if !self.rtt.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
             let mut v = self.rtt.clone();
             v.sort_unstable();
+            let mut a = self.rtt_api.clone();
+            a.sort_unstable();
             eprintln!(
-                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us; {} responses written into the client's slot by the kernel",
+                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us (of which the launch calls on the host p50 {:.1} us; mode {:?}); {} responses written into the client's slot by the kernel",
                 self.describe(),
                 v.len(),
                 v[v.len() / 2] as f64 / 1000.0,
                 v[(v.len() * 99) / 100] as f64 / 1000.0,
+                a[a.len() / 2] as f64 / 1000.0,
+                self.sq_mode,
                 self.direct_writes
             );
         }
