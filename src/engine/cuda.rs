@@ -372,14 +372,11 @@ fn create_with(opts: &Options, store: &Store, hybrid: bool) -> Result<Box<dyn En
 }
 
 struct BatchBufs {
-    nq_cap: usize,
-    k_cap: usize,
-    tile_rows: usize,
-    buf_cap: usize,
     d_qf32: DevBuf,
     d_q: DevBuf,
-    /// bf16 storage: the queries' residual (q - bf16(q), in bf16), scored by a second GEMM.
-    d_qlo: Option<DevBuf>,
+    /// bf16 storage: the queries' residual (q - bf16(q), in bf16), scored by a second GEMM
+    /// (empty otherwise).
+    d_qlo: DevBuf,
     d_qn: DevBuf,
     d_params: DevBuf,
     d_scores: DevBuf,
@@ -390,6 +387,38 @@ struct BatchBufs {
     d_oscores: DevBuf,
     d_ocnt: DevBuf,
     d_thr: DevBuf,
+}
+
+impl BatchBufs {
+    fn empty() -> BatchBufs {
+        BatchBufs {
+            d_qf32: DevBuf::empty(),
+            d_q: DevBuf::empty(),
+            d_qlo: DevBuf::empty(),
+            d_qn: DevBuf::empty(),
+            d_params: DevBuf::empty(),
+            d_scores: DevBuf::empty(),
+            d_bkey: DevBuf::empty(),
+            d_brow: DevBuf::empty(),
+            d_bcnt: DevBuf::empty(),
+            d_oids: DevBuf::empty(),
+            d_oscores: DevBuf::empty(),
+            d_ocnt: DevBuf::empty(),
+            d_thr: DevBuf::empty(),
+        }
+    }
+}
+
+/// Replaces `buf` by one of at least `bytes` when it is smaller. The old buffer is freed first
+/// (the peak stays one copy); if the allocation fails, `buf` is left empty and the next call
+/// tries again.
+fn grow(buf: &mut DevBuf, bytes: usize, what: &str) -> Result<()> {
+    if buf.ptr != 0 && buf.bytes >= bytes {
+        return Ok(());
+    }
+    *buf = DevBuf::empty();
+    *buf = DevBuf::new(bytes, what)?;
+    Ok(())
 }
 
 pub struct CudaEngine {
@@ -1070,36 +1099,31 @@ impl CudaEngine {
         }
     }
 
+    /// Makes every batch buffer large enough for `nq` queries, `k` results, a score tile of
+    /// `tile_rows` rows and `buf_cap` candidates per query. Each buffer only grows, by its own
+    /// byte size: a 1024-query batch (short, wide tiles) and an 8-query one (long tiles) need
+    /// about the same bytes, so alternating them reallocates nothing (it used to free and
+    /// allocate every buffer at each switch, ~5 ms on the H200). The sizes stay bounded: the
+    /// score tile by `tile_bytes` (or one 4M-row column), the candidates by CAND_BYTES.
     fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, buf_cap: usize) -> Result<()> {
-        let ok = match &self.batch {
-            Some(b) => b.nq_cap >= nq && b.k_cap >= k && b.tile_rows >= tile_rows && b.buf_cap >= buf_cap,
-            None => false,
-        };
-        if ok {
-            return Ok(());
+        let (dim, dp, esize, bf16) = (self.dim, self.dp, self.esize, self.dtype == Dtype::Bf16);
+        let b = self.batch.get_or_insert_with(BatchBufs::empty);
+        let nqp = nq.next_power_of_two();
+        grow(&mut b.d_qf32, nqp * dim * 4, "batch queries")?;
+        grow(&mut b.d_q, nqp * dp * esize, "batch queries")?;
+        if bf16 {
+            grow(&mut b.d_qlo, nqp * dp * esize, "batch query residuals")?;
         }
-        self.batch = None;
-        let nq = nq.next_power_of_two();
-        let dp = self.dp;
-        self.batch = Some(BatchBufs {
-            nq_cap: nq,
-            k_cap: k,
-            tile_rows,
-            buf_cap,
-            d_qf32: DevBuf::new(nq * self.dim * 4, "batch queries")?,
-            d_q: DevBuf::new(nq * dp * self.esize, "batch queries")?,
-            d_qlo: if self.dtype == Dtype::Bf16 { Some(DevBuf::new(nq * dp * self.esize, "batch query residuals")?) } else { None },
-            d_qn: DevBuf::new(nq * 4, "query norms")?,
-            d_params: DevBuf::new(PARAMS_BYTES, "batch params")?,
-            d_scores: DevBuf::new(nq * tile_rows * 4, "score tile")?,
-            d_bkey: DevBuf::new(nq * buf_cap * 4, "batch candidates")?,
-            d_brow: DevBuf::new(nq * buf_cap * 4, "batch candidates")?,
-            d_bcnt: DevBuf::new(nq * 4, "batch candidate counts")?,
-            d_oids: DevBuf::new(nq * k * 8, "batch ids")?,
-            d_oscores: DevBuf::new(nq * k * 4, "batch scores")?,
-            d_ocnt: DevBuf::new(nq * 4, "batch counts")?,
-            d_thr: DevBuf::new(nq * 4, "batch thresholds")?,
-        });
+        grow(&mut b.d_qn, nqp * 4, "query norms")?;
+        grow(&mut b.d_params, PARAMS_BYTES, "batch params")?;
+        grow(&mut b.d_scores, nq * tile_rows * 4, "score tile")?;
+        grow(&mut b.d_bkey, nqp * buf_cap * 4, "batch candidates")?;
+        grow(&mut b.d_brow, nqp * buf_cap * 4, "batch candidates")?;
+        grow(&mut b.d_bcnt, nqp * 4, "batch candidate counts")?;
+        grow(&mut b.d_oids, nqp * k * 8, "batch ids")?;
+        grow(&mut b.d_oscores, nqp * k * 4, "batch scores")?;
+        grow(&mut b.d_ocnt, nqp * 4, "batch counts")?;
+        grow(&mut b.d_thr, nqp * 4, "batch thresholds")?;
         Ok(())
     }
 
@@ -1107,8 +1131,8 @@ impl CudaEngine {
     /// For bf16 storage a second GEMM adds the query residual's scores (d_qlo, beta = 1).
     fn gemm_tile(&self, d_q: u64, d_scores: u64, row0: usize, rows: usize, m: usize, ldc: usize) -> Result<()> {
         self.gemm_one(d_q, 0.0, d_scores, row0, rows, m, ldc)?;
-        match self.batch.as_ref().and_then(|b| b.d_qlo.as_ref()) {
-            Some(lo) => self.gemm_one(lo.ptr, 1.0, d_scores, row0, rows, m, ldc),
+        match self.batch.as_ref().map(|b| b.d_qlo.ptr).filter(|&p| p != 0) {
+            Some(lo) => self.gemm_one(lo, 1.0, d_scores, row0, rows, m, ldc),
             None => Ok(()),
         }
     }
@@ -1207,7 +1231,7 @@ impl CudaEngine {
         self.ensure_batch(nqt, k, tile, cap)?;
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
-        let d_qlo = b.d_qlo.as_ref().map(|d| d.ptr);
+        let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let d_thr = b.d_thr.ptr;
         let smem = SMEM_MAIN as u32;

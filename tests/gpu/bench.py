@@ -135,6 +135,19 @@ def bench_kalos(lib, n, dim, dtype, backend, batch=0):
             S = X[:, :].astype(np.float32) @ Qb[:8].T
             rec = np.mean([len(set(gb[i][0].tolist()) & set(np.argsort(-S[:, i])[:K].tolist())) / K for i in range(8)])
             res["batch_recall10_vs_f32"] = float(rec)
+            # Batch sizes alternating 1024 / 8 (a service mixing bulk batches with small merged
+            # ones): each size's p50 over 10 of each, fresh queries every call.
+            tl, ts8 = [], []
+            for _ in range(10):
+                for m, acc in ((batch, tl), (8, ts8)):
+                    Qm = rng.standard_normal((m, dim), dtype=np.float32)
+                    t0 = time.perf_counter()
+                    rb(Qm, K)
+                    acc.append(time.perf_counter() - t0)
+            res["batch_mixed_large_ms_p50"] = pct(tl, 50) * 1e3
+            res["batch_mixed_small_ms_p50"] = pct(ts8, 50) * 1e3
+            print("  batches alternating %d / 8 queries: p50 %.3f ms / %.3f ms (max %.3f / %.3f)" % (
+                batch, pct(tl, 50) * 1e3, pct(ts8, 50) * 1e3, max(tl) * 1e3, max(ts8) * 1e3), flush=True)
         if kc is not None:
             kc.close()
         st.close()

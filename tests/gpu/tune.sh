@@ -14,7 +14,7 @@ run() {  # name, env..., BENCH_ONLY value last
   local name="$1"; shift
   echo "== $name ($*)"
   env "$@" timeout ${T_TUNE:-150} python3 bench.py > "$OUT/tune-$name.log" 2>&1
-  grep -E "kalos p50 |C client|batch [0-9]+:|kernel phases|batched searches|^ERROR|Traceback|Error" "$OUT/tune-$name.log" | cut -c1-400 | head -16
+  grep -E "kalos p50 |C client|batch [0-9]+:|batches alternating|kernel phases|batched searches|^ERROR|Traceback|Error" "$OUT/tune-$name.log" | cut -c1-400 | head -16
   grep -E "batch profile: 1024|batch host phases" "$OUT/tune-$name.log" | cut -c1-260 | tail -4
   grep "round trips" "$OUT/tune-$name.log" | sed 's/.*round trips[^:]*:/  gpu:/' | head -4
 }
