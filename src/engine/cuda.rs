@@ -294,9 +294,10 @@ pub fn nvrtc_options(arch: &str, dim: usize, dtype: Dtype, metric: Metric) -> Ve
         "--std=c++17".into(),
         "-default-device".into(),
     ];
-    // Tuning experiments only (e.g. "-DLDNA=1"); never needed in production.
+    // Tuning experiments only (e.g. "-DLDNA=1"; several separated by spaces or commas, so
+    // tests/gpu/tune.sh can pass them as one word); never needed in production.
     if let Ok(extra) = std::env::var("KALOS_NVRTC_EXTRA") {
-        v.extend(extra.split_whitespace().map(String::from));
+        v.extend(extra.split(|c: char| c.is_whitespace() || c == ',').filter(|w| !w.is_empty()).map(String::from));
     }
     v
 }
@@ -1241,7 +1242,7 @@ impl CudaEngine {
         let mut counts = vec![0u32; nqt];
         // Host-side phases for KALOS_BATCH_PROFILE: until the first GEMM is queued, and after
         // the last group's results are back.
-        let (mut t_queued, mut t_synced) = (None, None);
+        let (mut t_params, mut t_staged, mut t_inputs, mut t_queued, mut t_synced) = (None, None, None, None, None);
         out.clear();
         for q0 in (0..nq_all).step_by(nqt) {
             let m = (nq_all - q0).min(nqt);
@@ -1253,6 +1254,7 @@ impl CudaEngine {
             unsafe {
                 let pb = std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>());
                 ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pb.as_ptr() as *const c_void, pb.len()))?;
+                t_params.get_or_insert_with(|| t_start.elapsed());
                 if qs.len() * 4 <= self.h_stage.bytes {
                     // Through pinned memory: a pageable copy of a 3 MB batch costs ~1 ms.
                     std::ptr::copy_nonoverlapping(qs.as_ptr() as *const u8, self.h_stage.ptr, qs.len() * 4);
@@ -1260,6 +1262,7 @@ impl CudaEngine {
                 } else {
                     ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
                 }
+                t_staged.get_or_insert_with(|| t_start.elapsed());
                 ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
                 let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
                 for (dst, lo) in [(Some(d_q), 0u32), (d_qlo, 1u32)] {
@@ -1276,6 +1279,7 @@ impl CudaEngine {
                 ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
                 ck("reset counts", sys::cuMemsetD8Async(d_bcnt, 0, m * 4, self.stream))?;
             }
+            t_inputs.get_or_insert_with(|| t_start.elapsed());
             let mut tab = self.table_arg();
             let (mut a_in, mut a_bk, mut a_br, mut a_bc, mut a_thr) = (d_params, d_bkey, d_brow, d_bcnt, d_thr);
             let (mut a_cap, mut a_high) = (cap as u32, high as u32);
@@ -1342,7 +1346,10 @@ impl CudaEngine {
             let fs = FilterStep { m: nq_all.min(nqt), span, cap, high, smem: fsmem };
             let whole = t_start.elapsed();
             eprintln!(
-                "kalos batch host phases: first GEMM queued after {:.3} ms, results back at {:.3} ms, search done at {:.3} ms",
+                "kalos batch host phases: params copied at {:.3} ms, queries staged at {:.3} ms, inputs queued at {:.3} ms, first GEMM queued after {:.3} ms, results back at {:.3} ms, search done at {:.3} ms",
+                t_params.unwrap_or_default().as_secs_f64() * 1e3,
+                t_staged.unwrap_or_default().as_secs_f64() * 1e3,
+                t_inputs.unwrap_or_default().as_secs_f64() * 1e3,
                 t_queued.unwrap_or_default().as_secs_f64() * 1e3,
                 t_synced.unwrap_or_default().as_secs_f64() * 1e3,
                 whole.as_secs_f64() * 1e3
