@@ -102,7 +102,7 @@ pub fn resolve_backend(opt: Backend) -> Result<Backend> {
 }
 
 fn make_engine(backend: Backend, opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
-    let cpu = || Box::new(CpuEngine::new(opts.threads as usize)) as Box<dyn Engine>;
+    let cpu = || Box::new(CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns)) as Box<dyn Engine>;
     match backend {
         Backend::Cpu => Ok(cpu()),
         Backend::Cuda => engine::cuda::create(opts, store),
@@ -538,7 +538,7 @@ impl Server {
         if self.engine.kind() != EngineKind::Cpu {
             eprintln!("kalos: engine {} failed ({e}); falling back to the CPU engine", self.engine.describe());
             self.fallbacks += 1;
-            let mut cpu: Box<dyn Engine> = Box::new(CpuEngine::new(self.opts.threads as usize));
+            let mut cpu: Box<dyn Engine> = Box::new(CpuEngine::for_server(self.opts.threads as usize, self.opts.server_spin_ns));
             let _ = cpu.sync(&self.store, &[]);
             self.engine = cpu;
         }

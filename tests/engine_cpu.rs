@@ -393,3 +393,38 @@ fn direct_body_matches_hits() {
     run(&mut e, &st, &SearchRequest { direct: Some(&dout), ..req(&q, 2, 10, &all) });
     assert_eq!(dout.written.get(), 0);
 }
+
+/// The persistent pool's split (awake workers, per-participant chunks for cache-sized tables,
+/// ~1 MiB chunks beyond 64 of them for large ones) gives bit-identical results to one thread,
+/// search after search on the same engine, with filters.
+#[test]
+fn pool_split_spinning_workers_match_one_thread() {
+    let mut r = rng("pool_split_spinning_workers_match_one_thread");
+    let all = Filter::all();
+    let some = Filter::new(&[0, 2]).unwrap();
+    // 700 rows: per-participant chunks; 140k x 128 (70 MiB): more than 64 chunks of ~1 MiB.
+    for &(n, dim) in &[(700usize, 24usize), (10_000, 128), (140_000, 128)] {
+        let d = data(&mut r, n, dim);
+        for m in [Metric::InnerProduct, Metric::L2] {
+            let st = store(&d, dim, m);
+            let mut one = CpuEngine::new(1);
+            let mut many = CpuEngine::for_server(5, 20_000_000);
+            many.set_parallel_min_bytes(0);
+            let q = queries(&mut r, 4, dim, m);
+            for round in 0..6 {
+                for f in [&all, &some] {
+                    let k = [1usize, 10, 100][round % 3];
+                    for nq in [1usize, 4] {
+                        let rq = req(&q[..nq * dim], nq, k, f);
+                        let want = run(&mut one, &st, &rq);
+                        let got = run(&mut many, &st, &rq);
+                        assert_eq!(got, want, "{} n {n} dim {dim} k {k} nq {nq} round {round}", m.name());
+                        if round == 0 {
+                            check(&st, &rq, &got, &format!("{} n {n} pool", m.name()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -32,22 +32,32 @@
 //! hand-written NEON was left out because it could not be compiled or tested on this machine.
 //!
 //! # Threads
-//! Workers (the server thread is one of them) claim ~1 MiB chunks of rows from a shared counter,
-//! so a worker that the OS deschedules on a busy machine does not hold up the scan; each keeps
-//! its own top-k per query and the server thread merges them (the merged result is the same
-//! whatever the split: selection is a total order on (key, id)). Workers are scoped threads spawned per search,
-//! only when the table is large enough for the split to pay ([`CpuEngine::set_parallel_min_bytes`],
-//! default 8 MiB of vectors). A persistent pool would save the spawn (~20–50 µs here), but its
-//! wake-up is a futex wake of about the same cost on these VMs (a futex ping-pong is ~45 µs)
-//! unless the workers spin, and spinning workers would break the "idle server uses no CPU" rule.
-//! Measured on the 2-core reference VM: a 10k×128 table (5 MiB, in L3) scans in ~70 µs on one
-//! thread and ~115 µs split in two (spawn + wake dominate), so the split starts above 8 MiB,
-//! where the scan is memory-bound and takes ≥ 0.3 ms. Scoped threads also need no `'static`
-//! data and propagate a panic to the server's `catch_unwind`.
+//! A split scan runs on a persistent worker pool ([`super::pool::Pool`], `threads − 1`
+//! workers; the server thread is one more). Rows are cut in chunks; each participant first
+//! claims the chunk of its own index (so on a table that fits in the cores' caches every core
+//! keeps re-reading the same slice from its own L2 request after request), then any chunk
+//! nobody has claimed, so a worker that is asleep or descheduled on a busy machine never holds
+//! the scan up: the others take its share. Each participant keeps its own top-k per query and
+//! the server thread merges them (the merged result is the same whatever the split: selection
+//! is a total order on (key, id)).
+//!
+//! When a split pays depends on whether the workers are awake:
+//! - Hosts with at least [`SPIN_MIN_CORES`] cores: the workers busy-poll for the server's spin
+//!   window (`server_spin_ns`) after each job, as the server thread does, then sleep, so an idle
+//!   server still uses no CPU. Fan-out to awake workers costs about a microsecond, so scans
+//!   from 256 KiB of vectors up are split (one chunk of at least 64 KiB per participant).
+//!   Measured on the H200 host (16 cores): docs/benchmarks/gpu.md, "CPU engine on the host".
+//! - Smaller hosts (the 2-core reference VM): the workers sleep right after each job, and a
+//!   futex wake costs about as much as a spawn there (~45 µs ping-pong), so only tables above
+//!   8 MiB are split, where the scan is memory-bound and takes ≥ 0.3 ms (a 10k×128 table scans
+//!   in ~70 µs on one thread and took ~115 µs split in two).
+//!
+//! `KALOS_CPU_PARALLEL_MIN_BYTES` and `KALOS_CPU_SPIN_NS` override both choices (tuning).
 //!
 //! All scratch (heaps, score buffers, row lists) lives in the engine and is reused; a search
 //! allocates nothing except the caller-facing result vectors on first use.
 
+use super::pool::Pool;
 use super::{recency_boost, Engine, EngineKind, TopK};
 use crate::error::Result;
 use crate::store::Store;
@@ -456,9 +466,19 @@ const BLOCK_ROWS_SINGLE: usize = 1024;
 const BLOCK_BYTES_BATCH: usize = 256 * 1024;
 /// Queries scored per pass over a block in batched mode (bounds the score scratch).
 const QUERY_CHUNK: usize = 64;
-/// Default size of the table above which a scan is split across threads (private: cbindgen
-/// exports every `pub const` of the crate into include/kalos.h).
+/// Size of the table above which a scan is split across threads when the pool's workers sleep
+/// between jobs (private: cbindgen exports every `pub const` of the crate into include/kalos.h).
 const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
+/// The same when the workers stay awake for the server's spin window (hosts of at least
+/// [`SPIN_MIN_CORES`] cores).
+const SPIN_PARALLEL_MIN_BYTES: usize = 256 << 10;
+/// Least bytes of vectors per participant of a split scan.
+const MIN_BYTES_PER_THREAD: usize = 64 << 10;
+/// Hosts with at least this many cores keep the pool's workers awake between requests (within
+/// the server's spin window); smaller ones would starve the clients and the server thread.
+pub(crate) const SPIN_MIN_CORES: usize = 8;
+/// Participants whose first claim is "their own" chunk (a bit each in one word).
+const OWN_CHUNKS: usize = 64;
 
 /// Per-thread scratch.
 #[derive(Default)]
@@ -511,14 +531,59 @@ pub struct CpuEngine {
     isa: Isa,
     scan_isa: Isa,
     par_min_bytes: usize,
+    /// How long the pool's workers stay awake after a job (0: they sleep at once).
+    spin: std::time::Duration,
+    /// Started on the first split scan (`threads − 1` workers).
+    pool: Option<Pool>,
     workers: Vec<Worker>,
     qnorms: Vec<f32>,
+}
+
+/// `&mut [Worker]` shared with the pool's participants, each of which touches only the entry
+/// of its own index.
+struct WorkerSlots(*mut Worker, usize);
+// SAFETY: entries are handed out by participant index, which `Pool::run` keeps distinct within
+// a job, and the slice outlives the job (run returns only after every participant has left).
+unsafe impl Sync for WorkerSlots {}
+impl WorkerSlots {
+    /// # Safety
+    /// At most one live reference per index at a time (one per participant of a job).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, i: usize) -> &mut Worker {
+        assert!(i < self.1, "participant index {i} beyond {} workers", self.1);
+        // SAFETY: in bounds (checked); exclusivity is the caller's contract.
+        unsafe { &mut *self.0.add(i) }
+    }
 }
 
 impl CpuEngine {
     /// `threads` = 0 picks the number of available cores. Uses the best instruction set of this CPU.
     pub fn new(threads: usize) -> CpuEngine {
         CpuEngine::with_isa(threads, Isa::detect())
+    }
+
+    /// The engine a server runs: `threads` as in [`CpuEngine::new`]; on hosts of at least
+    /// [`SPIN_MIN_CORES`] cores the workers stay awake for `spin_ns` after each scan (the
+    /// server's own spin window), which lets tables from 256 KiB up be split across cores.
+    pub fn for_server(threads: usize, spin_ns: u64) -> CpuEngine {
+        let mut e = CpuEngine::new(threads);
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let spin_ns = std::env::var("KALOS_CPU_SPIN_NS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(if cores >= SPIN_MIN_CORES { spin_ns } else { 0 });
+        e.spin = std::time::Duration::from_nanos(spin_ns);
+        if spin_ns > 0 {
+            if threads == 0 {
+                // Leave a core to the clients: awake workers on every core would compete with
+                // a spinning client for the last one.
+                e.threads = cores.saturating_sub(1).max(1);
+            }
+            if std::env::var_os("KALOS_CPU_PARALLEL_MIN_BYTES").is_none() {
+                e.par_min_bytes = SPIN_PARALLEL_MIN_BYTES;
+            }
+        }
+        e
     }
 
     /// Forces an instruction set (tests and benchmarks). Falls back to scalar if `isa` is not
@@ -538,7 +603,16 @@ impl CpuEngine {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
-        CpuEngine { threads, isa, scan_isa, par_min_bytes, workers: Vec::new(), qnorms: Vec::new() }
+        CpuEngine {
+            threads,
+            isa,
+            scan_isa,
+            par_min_bytes,
+            spin: std::time::Duration::ZERO,
+            pool: None,
+            workers: Vec::new(),
+            qnorms: Vec::new(),
+        }
     }
 
     pub fn isa(&self) -> Isa {
@@ -564,7 +638,9 @@ impl CpuEngine {
         if work < self.par_min_bytes {
             return 1;
         }
-        self.threads.min(rows.div_ceil(block_rows.max(16))).max(1)
+        let by_bytes = work / MIN_BYTES_PER_THREAD;
+        let by_rows = if nq == 1 { rows / 16 } else { rows.div_ceil(block_rows.max(16)) };
+        self.threads.min(by_bytes).min(by_rows).max(1)
     }
 }
 
@@ -743,27 +819,46 @@ impl Engine for CpuEngine {
         if t == 1 {
             scan(&ctx, &mut self.workers[0], 0, len);
         } else {
-            // Dynamic split: workers (the calling thread included) claim chunks of rows from a
-            // shared counter until none are left. On a shared machine one worker is often
-            // descheduled for milliseconds; with a static split the scan would wait for it,
-            // here the others take its share. Chunks are whole blocks of ~1 MiB.
-            let chunk = (((1usize << 20) / (dim * 4)).max(1).div_ceil(block_rows) * block_rows).min(len.div_ceil(t).max(16));
-            let next = std::sync::atomic::AtomicUsize::new(0);
-            let work = |w: &mut Worker| loop {
-                let r0 = next.fetch_add(chunk, std::sync::atomic::Ordering::Relaxed);
-                if r0 >= len {
-                    break;
+            // Chunks: one per participant for tables that fit in the caches (each core
+            // re-reads its own slice), ~1 MiB ones for larger tables (dynamic balance). A
+            // participant claims the chunk of its own index first (a bit of `own`), then any
+            // unclaimed one of those, then the rest from `next`.
+            let per = len.div_ceil(t);
+            let mib = ((1usize << 20) / (dim * 4)).max(1).div_ceil(block_rows) * block_rows;
+            let chunk = if len * dim * 4 <= (t << 20) { per } else { mib.min(per) }.max(1);
+            let nchunks = len.div_ceil(chunk);
+            let nown = nchunks.min(OWN_CHUNKS);
+            let own = std::sync::atomic::AtomicU64::new(0);
+            let next = std::sync::atomic::AtomicUsize::new(nown);
+            let slots = WorkerSlots(self.workers.as_mut_ptr(), t);
+            let ctx = &ctx;
+            let work = |idx: usize| {
+                if idx >= t {
+                    return; // a pool larger than this scan's plan
                 }
-                scan(&ctx, w, r0, (r0 + chunk).min(len));
+                // SAFETY: `idx` is this participant's own index (distinct within the job).
+                let w = unsafe { slots.get(idx) };
+                let mut run = |c: usize| scan(ctx, w, c * chunk, ((c + 1) * chunk).min(len));
+                let claim = |c: usize| own.fetch_or(1 << c, std::sync::atomic::Ordering::Relaxed) & (1 << c) == 0;
+                if idx < nown && claim(idx) {
+                    run(idx);
+                }
+                for c in 0..nown {
+                    if own.load(std::sync::atomic::Ordering::Relaxed) & (1 << c) == 0 && claim(c) {
+                        run(c);
+                    }
+                }
+                loop {
+                    let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if c >= nchunks {
+                        break;
+                    }
+                    run(c);
+                }
             };
-            let work = &work;
-            let (first, rest) = self.workers[..t].split_first_mut().unwrap();
-            std::thread::scope(|s| {
-                for w in rest.iter_mut() {
-                    s.spawn(move || work(w));
-                }
-                work(first);
-            });
+            let (spin, workers) = (self.spin, self.threads - 1);
+            let pool = self.pool.get_or_insert_with(|| Pool::new(workers, spin));
+            pool.run(&work);
             let (first, rest) = self.workers[..t].split_first_mut().unwrap();
             for w in rest.iter() {
                 for qi in 0..nq {

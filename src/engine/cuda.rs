@@ -705,7 +705,7 @@ impl CudaEngine {
             batch: None,
             hybrid,
             min_work: work_threshold(),
-            cpu: CpuEngine::new(opts.threads as usize),
+            cpu: CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns),
             last_cpu: false,
             failed: None,
             fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),

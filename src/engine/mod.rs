@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod pool;
 
 use crate::error::Result;
 use crate::store::Store;

@@ -1,0 +1,296 @@
+//! A persistent worker pool for the CPU engine's split scans.
+//!
+//! Why a pool and not threads spawned per search: a spawn costs ~20–50 µs, which is more than a
+//! whole scan of a table that fits in the cores' caches (10k × 128 f32 is 5 MiB: ~320 KiB a
+//! core on a 16-core host). A pool whose workers are *awake* when the request comes answers in
+//! about a microsecond of fan-out; a sleeping one costs a futex wake, like a spawn.
+//!
+//! Shape of a job ([`Pool::run`]):
+//! - The caller publishes a closure `f(thread_index)` and bumps an epoch. Any worker that is
+//!   awake joins (a CAS on one state word: epoch | closed | participants) and calls `f` with
+//!   its own index (1..=workers); the caller calls `f(0)` itself. `f` claims pieces of work
+//!   from shared counters, so a worker that is asleep or descheduled never holds the job up:
+//!   whatever it did not claim, the caller (and the others) take.
+//! - When the caller's `f(0)` returns there is nothing left to claim; it closes the job (no
+//!   new joins) and waits for the participants still inside `f` to leave. Only then does `run`
+//!   return, so `f` may borrow the caller's stack, as with scoped threads.
+//! - A panic inside `f` on a worker is caught there and re-raised on the caller after the job
+//!   is closed (the server thread's own `catch_unwind` turns it into an error status).
+//!
+//! Idle policy: a worker busy-polls for `spin` after its last job (the server thread does the
+//! same for `server_spin_ns` after its last request), then sleeps on a futex until the next
+//! job's epoch, so an idle server uses no CPU. `spin` = 0 sleeps at once (every job then pays a
+//! wake, so only large scans are worth splitting: see `CpuEngine`).
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::shm::futex;
+
+/// The job closure as the workers see it (its lifetime is erased: see `run`).
+type JobFn = dyn Fn(usize) + Sync;
+
+const CLOSED: u64 = 1 << 31;
+const PARTS: u64 = CLOSED - 1;
+
+struct Shared {
+    /// Futex word: bumped once per job; workers sleep on it.
+    epoch: AtomicU32,
+    /// `epoch << 32 | closed << 31 | participants`.
+    state: AtomicU64,
+    /// Workers sleeping (or about to) on `epoch`.
+    sleepers: AtomicU32,
+    stop: AtomicBool,
+    panicked: AtomicBool,
+    /// The current job; written by the caller only while no worker can read it (before the
+    /// epoch is published, after the job is closed and every participant has left).
+    job: UnsafeCell<Option<*const JobFn>>,
+    spin: Duration,
+}
+
+// SAFETY: `job` is the only non-Sync field. It is written by the one caller of `run` (which
+// holds `&mut Pool`) only while no worker may read it: before the state word that admits
+// workers is published with Release, and after the job is closed and every participant has
+// left (Acquire). Workers read it only between a successful join (Acquire CAS) and their leave.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw closure pointer is only dereferenced under that protocol.
+unsafe impl Send for Shared {}
+
+/// A fixed set of worker threads. Dropping it stops and joins them.
+pub struct Pool {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts `workers` threads (named `kalos-cpu-N`) that busy-poll for `spin` after each job.
+    /// A thread that cannot be started is left out (the pool is smaller, never broken).
+    pub fn new(workers: usize, spin: Duration) -> Pool {
+        let shared = Arc::new(Shared {
+            epoch: AtomicU32::new(0),
+            state: AtomicU64::new(CLOSED),
+            sleepers: AtomicU32::new(0),
+            stop: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            job: UnsafeCell::new(None),
+            spin,
+        });
+        let mut handles = Vec::with_capacity(workers);
+        for i in 1..=workers {
+            let sh = Arc::clone(&shared);
+            match std::thread::Builder::new().name(format!("kalos-cpu-{i}")).spawn(move || worker(&sh, i)) {
+                Ok(h) => handles.push(h),
+                Err(_) => break,
+            }
+        }
+        Pool { shared, handles }
+    }
+
+    /// Worker threads (the caller of `run` is one more participant).
+    pub fn workers(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Runs `f(0)` on the calling thread and `f(i)` on every worker `i` that is awake to join,
+    /// and returns when all of those calls have returned. `f` must divide its work through
+    /// shared claims (it cannot know who joins); indices are distinct within one job.
+    pub fn run(&mut self, f: &(dyn Fn(usize) + Sync)) {
+        let sh = &*self.shared;
+        let e = sh.epoch.load(Ordering::Relaxed).wrapping_add(1);
+        // SAFETY: the previous job is closed and has no participants (run waited for that),
+        // so no worker reads `job` now. The lifetime of `f` is erased; run does not return
+        // before every worker that joined this job has left it, and none can join after the
+        // job is closed, so the pointer is never used after `f`'s borrow ends.
+        unsafe {
+            let p: *const (dyn Fn(usize) + Sync + '_) = f;
+            *sh.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const JobFn>(p));
+        }
+        sh.state.store((e as u64) << 32, Ordering::Release);
+        sh.epoch.store(e, Ordering::SeqCst);
+        if sh.sleepers.load(Ordering::SeqCst) > 0 {
+            futex::wake(&sh.epoch, i32::MAX);
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        // Close: no new participants; then wait for those inside f to leave.
+        let mut s = sh.state.load(Ordering::Relaxed);
+        loop {
+            match sh.state.compare_exchange_weak(s, s | CLOSED, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(v) => s = v,
+            }
+        }
+        let mut spins = 0u32;
+        while sh.state.load(Ordering::Acquire) & PARTS != 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if let Err(p) = mine {
+            resume_unwind(p);
+        }
+        if sh.panicked.swap(false, Ordering::AcqRel) {
+            panic!("a CPU engine worker thread panicked during a scan");
+        }
+    }
+}
+
+fn worker(sh: &Shared, idx: usize) {
+    let mut seen = sh.epoch.load(Ordering::Acquire);
+    let mut last = Instant::now();
+    loop {
+        // Wait for a new epoch: spin within the window after the last job, then sleep.
+        let mut spins = 0u32;
+        loop {
+            if sh.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let e = sh.epoch.load(Ordering::Acquire);
+            if e != seen {
+                seen = e;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 256 != 0 || last.elapsed() < sh.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            if sh.epoch.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
+                // Bounded sleep: a lost wake (there should be none) costs at most this.
+                futex::wait(&sh.epoch, seen, Duration::from_millis(200));
+            }
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        // Join the job of epoch `seen`, unless it is closed already (or a newer one is up).
+        let mut s = sh.state.load(Ordering::Acquire);
+        let joined = loop {
+            if (s >> 32) as u32 != seen || s & CLOSED != 0 {
+                break false;
+            }
+            match sh.state.compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break true,
+                Err(v) => s = v,
+            }
+        };
+        if joined {
+            // SAFETY: we joined an open job: the caller published `job` before admitting
+            // workers and will not touch it (nor end `f`'s borrow) until we leave below.
+            let f = unsafe { (*sh.job.get()).expect("job published before the epoch") };
+            // SAFETY: see above; the closure is alive and Sync.
+            if catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(idx) })).is_err() {
+                sh.panicked.store(true, Ordering::Release);
+            }
+            sh.state.fetch_sub(1, Ordering::AcqRel);
+        }
+        last = Instant::now();
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.epoch.fetch_add(1, Ordering::SeqCst);
+        futex::wake(&self.shared.epoch, i32::MAX);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn sum_job(pool: &mut Pool, n: usize) -> (usize, usize) {
+        let next = AtomicUsize::new(0);
+        let total = AtomicUsize::new(0);
+        let seen = AtomicU64::new(0);
+        pool.run(&|idx| {
+            seen.fetch_or(1 << idx, Ordering::Relaxed);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                total.fetch_add(i, Ordering::Relaxed);
+            }
+        });
+        (total.into_inner(), seen.into_inner().count_ones() as usize)
+    }
+
+    #[test]
+    fn every_piece_is_done_once_spinning_or_sleeping() {
+        for spin in [Duration::ZERO, Duration::from_millis(5)] {
+            let mut p = Pool::new(3, spin);
+            assert_eq!(p.workers(), 3);
+            for round in 0..2000 {
+                let n = 1 + round % 97;
+                let (t, who) = sum_job(&mut p, n * 10);
+                assert_eq!(t, (n * 10) * (n * 10 - 1) / 2, "round {round}");
+                assert!((1..=4).contains(&who));
+            }
+        }
+    }
+
+    #[test]
+    fn borrows_of_the_callers_stack_are_safe_and_workers_join() {
+        let mut p = Pool::new(2, Duration::from_millis(50));
+        let mut joined = 0;
+        for _ in 0..200 {
+            let v: Vec<u64> = (0..1000).collect();
+            let seen = AtomicU64::new(0);
+            let s = AtomicU64::new(0);
+            p.run(&|idx| {
+                seen.fetch_or(1 << idx, Ordering::Relaxed);
+                for x in &v {
+                    s.fetch_add(*x, Ordering::Relaxed);
+                }
+                // The caller gives awake workers time to join (bounded: on a loaded machine
+                // they may not run at all).
+                let t0 = Instant::now();
+                while idx == 0 && seen.load(Ordering::Relaxed) == 1 && t0.elapsed() < Duration::from_millis(20) {
+                    std::hint::spin_loop();
+                }
+            });
+            joined += (seen.into_inner().count_ones() > 1) as usize;
+            // Each participant adds the whole vector once.
+            assert_eq!(s.into_inner() % 499_500, 0);
+        }
+        assert!(joined > 0, "no worker ever joined a job");
+    }
+
+    #[test]
+    fn a_worker_panic_reaches_the_caller_and_the_pool_keeps_working() {
+        let mut p = Pool::new(2, Duration::from_millis(50));
+        let mut caught = 0;
+        for _ in 0..200 {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                p.run(&|idx| {
+                    if idx != 0 {
+                        panic!("boom");
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                })
+            }));
+            caught += r.is_err() as usize;
+        }
+        assert!(caught > 0);
+        let (t, _) = sum_job(&mut p, 100);
+        assert_eq!(t, 4950);
+    }
+
+    #[test]
+    fn drop_joins_sleeping_workers() {
+        let p = Pool::new(4, Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(20));
+        drop(p);
+    }
+}
