@@ -70,6 +70,13 @@ const MAX_ARG_BYTES: usize = 4096;
 /// 771b4ca, client p50 at dim 128): 256 rows CPU 9.8 µs / GPU 27.7 µs, 2048 rows 41.8 / 28.3 µs,
 /// so the two meet near 1,250 rows × 128 dims (160 k values). Override with `KALOS_GPU_MIN_WORK`.
 pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
+/// Bytes of f32 vectors per participant of an awake CPU split scan up to which a single query
+/// stays on the CPU engine (hosts of >= 8 cores, see `CpuEngine::for_server`). Measured on the
+/// H200 host (16 cores, 15 participants; docs/benchmarks/gpu.md, "CPU engine on the host"): a
+/// split scan costs ~2.5 µs plus ~17 GB/s per participant, the GPU round trip ~15 µs nearly
+/// flat for small tables, so they meet near 200 KiB a participant (~6k rows × 128 f32 there).
+/// `KALOS_GPU_MIN_SPLIT_BYTES` overrides it (0: the pool never takes a GPU-sized table).
+const CPU_SPLIT_BYTES_PER_THREAD: usize = 200 << 10;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
@@ -345,6 +352,17 @@ fn work_threshold() -> usize {
     std::env::var("KALOS_GPU_MIN_WORK").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_GPU_MIN_WORK)
 }
 
+/// Largest table (bytes of f32 vectors) whose single queries the hybrid engine leaves to an
+/// awake CPU split scan with `participants` threads (1: the CPU pool sleeps between requests,
+/// nothing beyond `work_threshold`).
+fn split_threshold(participants: usize) -> usize {
+    if participants < 2 {
+        return 0;
+    }
+    let per = std::env::var("KALOS_GPU_MIN_SPLIT_BYTES").ok().and_then(|s| s.parse().ok()).unwrap_or(CPU_SPLIT_BYTES_PER_THREAD);
+    per.saturating_mul(participants)
+}
+
 /// Creates the CUDA engine on the calling (server) thread, or says why it cannot. Every request
 /// runs on the GPU (backend `cuda`).
 pub fn create(opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
@@ -488,6 +506,9 @@ pub struct CudaEngine {
     batch: Option<BatchBufs>,
     hybrid: bool,
     min_work: usize,
+    /// Single queries on tables up to this many bytes of f32 vectors go to the CPU engine's
+    /// awake split scan (hybrid only; 0 where its workers sleep between requests).
+    min_split_bytes: usize,
     cpu: CpuEngine,
     last_cpu: bool,
     failed: Option<String>,
@@ -648,6 +669,7 @@ impl CudaEngine {
         let limit_bytes = if opts.gpu_memory_bytes > 0 { opts.gpu_memory_bytes as usize } else { free / 10 * 9 };
         let stage_rows = ((16usize << 20) / (dim * 4 + 48)).max(1);
         let stage_bytes = stage_rows * (dim * 4 + 48) + 1024;
+        let cpu = CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns);
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
             _module: module.clone(),
@@ -705,7 +727,8 @@ impl CudaEngine {
             batch: None,
             hybrid,
             min_work: work_threshold(),
-            cpu: CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns),
+            min_split_bytes: split_threshold(cpu.awake_participants()),
+            cpu,
             last_cpu: false,
             failed: None,
             fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
@@ -1579,7 +1602,8 @@ impl Engine for CudaEngine {
         self.slots_dev != 0
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
-        if self.hybrid && store.len().saturating_mul(self.dim).saturating_mul(req.nq) < self.min_work {
+        let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);
+        if self.hybrid && (work < self.min_work || (req.nq == 1 && work.saturating_mul(4) <= self.min_split_bytes)) {
             self.last_cpu = true;
             return self.cpu.search(store, req, out);
         }

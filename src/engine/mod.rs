@@ -57,6 +57,11 @@ pub trait Engine: Send {
     }
 }
 
+/// Spare entries (16 bytes each) at the end of every heap: the CPU engine's workers each push
+/// into their own heap, and without the spare space two small heaps allocated one after the
+/// other share a cache line that both cores keep writing (false sharing).
+const HEAP_PAD: usize = 8;
+
 /// Bounded selection of the best `k` (key, id) pairs: larger key is better, ties go to the
 /// lower id. Keys are "internal" scores (for L2 the negated distance).
 pub struct TopK {
@@ -73,11 +78,14 @@ fn worse(a: (f32, u64), b: (f32, u64)) -> bool {
 
 impl TopK {
     pub fn new(k: usize) -> TopK {
-        TopK { k, heap: Vec::with_capacity(k) }
+        TopK { k, heap: Vec::with_capacity(k + HEAP_PAD) }
     }
     pub fn reset(&mut self, k: usize) {
         self.k = k;
         self.heap.clear();
+        if self.heap.capacity() < k + HEAP_PAD {
+            self.heap.reserve_exact(k + HEAP_PAD);
+        }
     }
     pub fn len(&self) -> usize {
         self.heap.len()
