@@ -1040,12 +1040,37 @@ __device__ void cut_buffer(u32* okey, u32* orow, u32 cnt, u32 k, const u64* ids,
     __syncthreads();
 }
 
+// Score tiles hold f32 (SV = 4 scores per 16-byte load) or, for f16/bf16 storage, f16 (SV = 8:
+// half the bytes written by the GEMM and read here; the GEMM still accumulates in f32, only its
+// output is rounded, a relative error of at most 2^-11). The f16 variant loads FU / 2 vectors
+// per thread per step, so a step is FSTEP rows in both and the host's tiling is the same.
+template <int SV>
+__device__ __forceinline__ void unpack(const uint4& v, float (&e)[SV]);
+template <>
+__device__ __forceinline__ void unpack<4>(const uint4& v, float (&e)[4]) {
+    e[0] = __uint_as_float(v.x); e[1] = __uint_as_float(v.y); e[2] = __uint_as_float(v.z); e[3] = __uint_as_float(v.w);
+}
+template <>
+__device__ __forceinline__ void unpack<8>(const uint4& v, float (&e)[8]) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        e[2 * i] = h2f(w[i] & 0xFFFFu);
+        e[2 * i + 1] = h2f(w[i] >> 16);
+    }
+}
+
 // Dynamic shared memory: (sb + k) * 8 bytes, sb = k + FSTEP * 3 / 2 survivor slots.
-extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsigned char* __restrict__ in,
-                                                              const float* __restrict__ qnorms, Table T,
-                                                              const float* __restrict__ scores, u32 ld, u32 row0,
-                                                              u32 rows, u32 span, u32* bkey, u32* brow, u32* bcnt,
-                                                              u32 cap, u32 high, u32* thr) {
+// `overflow` (f16 tiles only): set to 1 when a score of the tile is not finite (a product beyond
+// the f16 range); the host then answers the batch again from f32 tiles.
+template <int SV>
+__device__ __forceinline__ void batch_filter_body(const unsigned char* __restrict__ in,
+                                                  const float* __restrict__ qnorms, const Table& T,
+                                                  const void* __restrict__ scores, u32 ld, u32 row0,
+                                                  u32 rows, u32 span, u32* bkey, u32* brow, u32* bcnt,
+                                                  u32 cap, u32 high, u32* thr, u32* overflow) {
+    constexpr int FV = SV == 4 ? FU : (FU / 2 > 0 ? FU / 2 : 1);  // 16-byte loads per thread per step
+    static_assert(FV * SV == FU * 4, "a step is FSTEP rows for either score type");
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
@@ -1054,15 +1079,15 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsig
     const int t = threadIdx.x, lane = t & 31;
     const u32 q = blockIdx.y;
     const u32 l0 = min(rows, blockIdx.x * span), l1 = min(rows, l0 + span);
-    const float4* col = (const float4*)(scores + (size_t)q * ld);
+    const uint4* col = (const uint4*)((const unsigned char*)scores + (size_t)q * ld * (SV == 4 ? 4 : 2));
     // Scores are loaded one step ahead: the loads of step s+1 are in flight while step s is
     // examined (and the first step's while the parameters load).
-    float4 nv[FPD][FU];
-    auto load_step = [&](float4(&d)[FU], u32 base) {
+    uint4 nv[FPD][FV];
+    auto load_step = [&](uint4(&d)[FV], u32 base) {
 #pragma unroll
-        for (int u = 0; u < FU; u++) {
-            const u32 i = base + ((u32)u * NT + t) * 4;
-            d[u] = i < l1 ? __ldcs(col + i / 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int u = 0; u < FV; u++) {
+            const u32 i = base + ((u32)u * NT + t) * SV;
+            d[u] = i < l1 ? __ldcs(col + i / SV) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
 #pragma unroll
@@ -1093,13 +1118,13 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsig
             if (t == 0) nsurv = c;
             __syncthreads();
         }
-        float4 v[FU];
+        uint4 v[FV];
 #pragma unroll
-        for (int u = 0; u < FU; u++) v[u] = nv[0][u];
+        for (int u = 0; u < FV; u++) v[u] = nv[0][u];
 #pragma unroll
         for (int d = 0; d + 1 < FPD; d++)
 #pragma unroll
-            for (int u = 0; u < FU; u++) nv[d][u] = nv[d + 1][u];
+            for (int u = 0; u < FV; u++) nv[d][u] = nv[d + 1][u];
         load_step(nv[FPD - 1], base + (u32)FPD * FSTEP);
         // Fast rejection: without filters the key depends on the score (and for l2 the row's
         // norm) only, so one float compare against the bound decides for most rows; a warp
@@ -1116,13 +1141,14 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsig
 #endif
             maybe = false;
 #pragma unroll
-            for (int u = 0; u < FU; u++) {
-                const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            for (int u = 0; u < FV; u++) {
+                float e[SV];
+                unpack<SV>(v[u], e);
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < SV; j++) {
                     float x = e[j];
 #if METRIC == 2
-                    const u32 i = base + ((u32)u * NT + t) * 4 + j;
+                    const u32 i = base + ((u32)u * NT + t) * SV + j;
                     x = l2_score(x, qn, i < l1 ? T.norms[row0 + i] : 0.0f);
 #endif
                     maybe |= !(x < tf);
@@ -1131,13 +1157,19 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsig
         }
         if (!__any_sync(FULLMASK, maybe)) continue;
 #pragma unroll
-        for (int u = 0; u < FU; u++) {
-            const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        for (int u = 0; u < FV; u++) {
+            float e[SV];
+            unpack<SV>(v[u], e);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const u32 i = base + ((u32)u * NT + t) * 4 + j;
+            for (int j = 0; j < SV; j++) {
+                const u32 i = base + ((u32)u * NT + t) * SV + j;
                 u32 kk = 0u;
-                if (i < l1) kk = make_key(e[j], qn, row0 + i, P, T, sns);
+                if (i < l1) {
+                    // Inf here is an f16 tile's overflow; -Inf scores are caught too, since
+                    // the fast rejection sends them here while the bound is 0 or -Inf itself.
+                    if (SV == 8 && (__float_as_uint(e[j]) & 0x7f800000u) == 0x7f800000u) *overflow = 1u;
+                    kk = make_key(e[j], qn, row0 + i, P, T, sns);
+                }
                 const bool keep = kk != 0u && kk >= lb;
                 const u32 m = __ballot_sync(FULLMASK, keep);
                 if (m) {
@@ -1166,6 +1198,22 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsig
         cnt = append(skey, srow, got, okey, orow, bcnt + q, cap, S);
     }
     if (gridDim.x == 1 && cnt > high && cnt <= cap) cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsigned char* __restrict__ in,
+                                                              const float* __restrict__ qnorms, Table T,
+                                                              const float* __restrict__ scores, u32 ld, u32 row0,
+                                                              u32 rows, u32 span, u32* bkey, u32* brow, u32* bcnt,
+                                                              u32 cap, u32 high, u32* thr) {
+    batch_filter_body<4>(in, qnorms, T, scores, ld, row0, rows, span, bkey, brow, bcnt, cap, high, thr, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter_h(const unsigned char* __restrict__ in,
+                                                                const float* __restrict__ qnorms, Table T,
+                                                                const u16* __restrict__ scores, u32 ld, u32 row0,
+                                                                u32 rows, u32 span, u32* bkey, u32* brow, u32* bcnt,
+                                                                u32 cap, u32 high, u32* thr, u32* overflow) {
+    batch_filter_body<8>(in, qnorms, T, scores, ld, row0, rows, span, bkey, brow, bcnt, cap, high, thr, overflow);
 }
 
 // Block q: when q's buffer holds more than `high` entries, keep only its top k (and raise thr).

@@ -406,6 +406,8 @@ struct BatchBufs {
     d_oscores: DevBuf,
     d_ocnt: DevBuf,
     d_thr: DevBuf,
+    /// f16 score tiles: set by batch_filter_h when a score overflowed the f16 range.
+    d_overflow: DevBuf,
 }
 
 impl BatchBufs {
@@ -424,6 +426,7 @@ impl BatchBufs {
             d_oscores: DevBuf::empty(),
             d_ocnt: DevBuf::empty(),
             d_thr: DevBuf::empty(),
+            d_overflow: DevBuf::empty(),
         }
     }
 }
@@ -448,6 +451,21 @@ pub struct CudaEngine {
     f_scan_v: Option<sys::CUfunction>,
     sq_mode: SqMode,
     f_filter: sys::CUfunction,
+    /// batch_filter over f16 score tiles (f16/bf16 storage).
+    f_filter_h: sys::CUfunction,
+    /// Experimental, off by default (`KALOS_SCORE16=1`): for f16/bf16 storage the GEMMs write
+    /// f16 score tiles (f32 accumulation, output rounded to 11 significant bits), half the tile
+    /// traffic of f32 ones. The rounding (up to 2^-11 of the score) can reorder near-tied
+    /// candidates, which f32 tiles do not; an exact version needs a margin in every cut and an
+    /// f32 rescoring of the candidates (docs/GPU.md). Cleared for good when a batch overflows
+    /// the f16 range (that batch is answered again from f32 tiles).
+    score16: bool,
+    /// Score type of the batch in progress (gemm_one, filter_tile, profile_batch read it).
+    tile16: bool,
+    /// The last search_batch_tiles with f16 tiles saw an overflow.
+    overflowed: bool,
+    /// Batches answered again from f32 tiles after an f16 overflow (the engine report).
+    score16_overflows: u64,
     f_tighten: sys::CUfunction,
     f_final: sys::CUfunction,
     tile_bytes: usize,
@@ -646,13 +664,14 @@ impl CudaEngine {
             _ => SqMode::Graph,
         };
         let f_filter = getf("batch_filter")?;
+        let f_filter_h = getf("batch_filter_h")?;
         let f_tighten = getf("batch_tighten")?;
         let f_final = getf("batch_final")?;
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
         let smem_filter = filter_smem(KMAX, fstep);
-        for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (Some(f_filter), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
+        for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (Some(f_filter), smem_filter), (Some(f_filter_h), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
             let Some(f) = f else { continue };
             ck("cuFuncSetAttribute", unsafe {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -677,6 +696,11 @@ impl CudaEngine {
             f_scan_v,
             sq_mode,
             f_filter,
+            f_filter_h,
+            score16: dtype != Dtype::F32 && std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "1"),
+            tile16: false,
+            overflowed: false,
+            score16_overflows: 0,
             f_tighten,
             f_final,
             tile_bytes: std::env::var("KALOS_TILE_MB")
@@ -1148,7 +1172,14 @@ impl CudaEngine {
         grow(&mut b.d_oscores, nqp * k * 4, "batch scores")?;
         grow(&mut b.d_ocnt, nqp * 4, "batch counts")?;
         grow(&mut b.d_thr, nqp * 4, "batch thresholds")?;
+        grow(&mut b.d_overflow, 4, "batch overflow flag")?;
         Ok(())
+    }
+
+    /// Leading dimension of a score tile of `rows` rows: columns start 16-byte aligned for the
+    /// filter's vector loads (4 f32 or 8 f16 scores).
+    fn tile_ld(&self, rows: usize) -> usize {
+        align_up(rows, if self.tile16 { 8 } else { 4 })
     }
 
     /// One GEMM: scores[rows x m] (column-major, ld = ldc >= rows) = table[row0..row0+rows] · queries.
@@ -1210,7 +1241,7 @@ impl CudaEngine {
                         self.dp as i32,
                         &beta as *const f32 as *const c_void,
                         d_scores as *mut c_void,
-                        cb::cudaDataType::CUDA_R_32F,
+                        if self.tile16 { cb::cudaDataType::CUDA_R_16F } else { cb::cudaDataType::CUDA_R_32F },
                         ldc as i32,
                         cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                         cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -1225,6 +1256,24 @@ impl CudaEngine {
     /// storage) and filtered per query against a running threshold into a bounded candidate
     /// buffer (kernels/topk.cu, "Batches"); a final kernel selects and sorts each query's top k.
     fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        self.tile16 = self.score16;
+        self.overflowed = false;
+        let mut r = self.search_batch_tiles(store, req, out);
+        if r.is_ok() && self.overflowed {
+            // A score beyond the f16 range (vectors of large norm): answer again from f32
+            // tiles, and keep to them for this engine's life.
+            self.score16 = false;
+            self.tile16 = false;
+            self.score16_overflows += 1;
+            r = self.search_batch_tiles(store, req, out);
+        }
+        self.tile16 = false;
+        r
+    }
+
+    /// search_batch with the score type of `self.tile16`; with f16 tiles it sets
+    /// `self.overflowed` (and returns early) when a tile overflowed.
+    fn search_batch_tiles(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let t_start = std::time::Instant::now();
         let n = self.len;
         let dim = self.dim;
@@ -1257,7 +1306,8 @@ impl CudaEngine {
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
-        let d_thr = b.d_thr.ptr;
+        let (d_thr, d_ovf) = (b.d_thr.ptr, b.d_overflow.ptr);
+        let mut ovf = 0u32;
         let smem = SMEM_MAIN as u32;
         let fsmem = filter_smem(k, fstep) as u32;
         let mut ids = vec![0u64; nqt * k];
@@ -1300,6 +1350,7 @@ impl CudaEngine {
                     ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
                 }
                 ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
+                ck("reset overflow flag", sys::cuMemsetD8Async(d_ovf, 0, 4, self.stream))?;
                 ck("reset counts", sys::cuMemsetD8Async(d_bcnt, 0, m * 4, self.stream))?;
             }
             t_inputs.get_or_insert_with(|| t_start.elapsed());
@@ -1313,7 +1364,7 @@ impl CudaEngine {
                 // Columns start 16-byte aligned for the filter's vector loads. (GEMM and filter
                 // on two streams, with two score tiles, gained nothing on the H200: the GEMM
                 // kernels fill every SM, so they serialise anyway; docs/benchmarks/gpu.md.)
-                self.gemm_tile(d_q, d_scores, row0, rows, m, align_up(rows, 4))?;
+                self.gemm_tile(d_q, d_scores, row0, rows, m, self.tile_ld(rows))?;
                 t_queued.get_or_insert_with(|| t_start.elapsed());
                 let fblocks = self.filter_tile(&fs, row0, rows)?;
                 // With one filter block per query the filter cuts the buffers itself.
@@ -1351,8 +1402,14 @@ impl CudaEngine {
                 ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
                 ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
                 ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
+                ck("D2H overflow flag", sys::cuMemcpyDtoHAsync_v2(&mut ovf as *mut u32 as *mut c_void, d_ovf, 4, self.stream))?;
             }
             self.sync_stream()?;
+            if ovf != 0 {
+                self.overflowed = true;
+                out.clear();
+                return Ok(());
+            }
             t_synced = Some(t_start.elapsed());
             for i in 0..m {
                 let c = counts[i] as usize;
@@ -1389,9 +1446,10 @@ impl CudaEngine {
         let mut tab = self.table_arg();
         let (mut a_in, mut a_qn, mut a_sc, mut a_bk, mut a_br, mut a_bc, mut a_thr) =
             (b.d_params.ptr, b.d_qn.ptr, b.d_scores.ptr, b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_thr.ptr);
-        let (mut a_ld, mut a_row0, mut a_rows, mut a_span) = (align_up(rows, 4) as u32, row0 as u32, rows as u32, fs.span as u32);
+        let (mut a_ld, mut a_row0, mut a_rows, mut a_span) = (self.tile_ld(rows) as u32, row0 as u32, rows as u32, fs.span as u32);
+        let mut a_ovf = b.d_overflow.ptr;
         let (mut a_cap, mut a_high) = (fs.cap as u32, fs.high as u32);
-        let mut args: [*mut c_void; 14] = [
+        let mut args: [*mut c_void; 15] = [
             &mut a_in as *mut _ as *mut c_void,
             &mut a_qn as *mut _ as *mut c_void,
             &mut tab as *mut _ as *mut c_void,
@@ -1406,12 +1464,15 @@ impl CudaEngine {
             &mut a_cap as *mut _ as *mut c_void,
             &mut a_high as *mut _ as *mut c_void,
             &mut a_thr as *mut _ as *mut c_void,
+            &mut a_ovf as *mut _ as *mut c_void,
         ];
         let blocks = rows.div_ceil(fs.span) as u32;
+        // batch_filter takes the first 14 arguments, batch_filter_h all 15.
+        let f = if self.tile16 { self.f_filter_h } else { self.f_filter };
         // SAFETY: every pointer argument is a live device buffer sized by ensure_batch for
         // fs.m queries, `rows` <= tile rows and fs.cap candidates per query.
         ck("launch batch_filter", unsafe {
-            sys::cuLaunchKernel(self.f_filter, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+            sys::cuLaunchKernel(f, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
         })?;
         Ok(blocks)
     }
@@ -1428,13 +1489,13 @@ impl CudaEngine {
         for t in 0..ntiles {
             let row0 = t * tile;
             let rows = (self.len - row0).min(tile);
-            self.gemm_tile(d_q, d_scores, row0, rows, fs.m, align_up(rows, 4))?;
+            self.gemm_tile(d_q, d_scores, row0, rows, fs.m, self.tile_ld(rows))?;
         }
         self.sync_stream()?;
         let gemms = t0.elapsed();
         let row0 = (ntiles - 1) * tile;
         let rows = self.len - row0;
-        self.gemm_tile(d_q, d_scores, row0, rows, fs.m, align_up(rows, 4))?;
+        self.gemm_tile(d_q, d_scores, row0, rows, fs.m, self.tile_ld(rows))?;
         self.sync_stream()?;
         let d_bcnt = self.batch.as_ref().unwrap().d_bcnt.ptr;
         let t1 = std::time::Instant::now();
@@ -1516,6 +1577,12 @@ impl Drop for CudaEngine {
                     v[v.len() - 1] as f64 / 1e6
                 );
             }
+            eprintln!(
+                "kalos cuda engine ({}): batch score tiles {}; {} batch(es) answered again from f32 tiles after an f16 overflow",
+                self.describe(),
+                if self.score16 { "f16" } else if self.dtype == Dtype::F32 { "f32" } else { "f32 (f16 off or overflowed)" },
+                self.score16_overflows
+            );
         }
         if let Some(v) = self.prof.as_ref().filter(|v| !v.is_empty()) {
             let p50 = |i: usize| {
