@@ -1040,10 +1040,11 @@ __device__ void cut_buffer(u32* okey, u32* orow, u32 cnt, u32 k, const u64* ids,
     __syncthreads();
 }
 
-// Score tiles hold f32 (SV = 4 scores per 16-byte load) or, for f16/bf16 storage, f16 (SV = 8:
-// half the bytes written by the GEMM and read here; the GEMM still accumulates in f32, only its
-// output is rounded, a relative error of at most 2^-11). The f16 variant loads FU / 2 vectors
-// per thread per step, so a step is FSTEP rows in both and the host's tiling is the same.
+// Score tiles hold f32 (SV = 4 scores per 16-byte load) or, experimentally (KALOS_SCORE16=1,
+// f16 storage), f16 (SV = 8: half the bytes written by the GEMM and read here; the GEMM still
+// accumulates in f32, only its output is rounded, a relative error of at most 2^-11, which can
+// reorder near-tied candidates). The f16 variant loads FU / 2 vectors per thread per step, so a
+// step is FSTEP rows in both and the host's tiling is the same.
 template <int SV>
 __device__ __forceinline__ void unpack(const uint4& v, float (&e)[SV]);
 template <>

@@ -72,11 +72,11 @@ const MAX_ARG_BYTES: usize = 4096;
 pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
 /// Bytes of f32 vectors per participant of an awake CPU split scan up to which a single query
 /// stays on the CPU engine (hosts of >= 8 cores, see `CpuEngine::for_server`). Measured on the
-/// H200 host (16 cores, 15 participants; docs/benchmarks/gpu.md, "CPU engine on the host"): a
-/// split scan costs ~2.5 µs plus ~17 GB/s per participant, the GPU round trip ~15 µs nearly
-/// flat for small tables, so they meet near 200 KiB a participant (~6k rows × 128 f32 there).
+/// H200 host (16 cores, 15 participants; docs/benchmarks/gpu.md, "CPU engine on the host"),
+/// client p50 CPU / GPU: 2k rows × 128 f32 19.3 / 21.0 µs, 4k 22.1 / 21.1, 8k 26.6 / 18.7, so
+/// they meet near 4k rows × 128 (2 MiB, ~128 KiB a participant).
 /// `KALOS_GPU_MIN_SPLIT_BYTES` overrides it (0: the pool never takes a GPU-sized table).
-const CPU_SPLIT_BYTES_PER_THREAD: usize = 200 << 10;
+const CPU_SPLIT_BYTES_PER_THREAD: usize = 128 << 10;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
@@ -453,9 +453,10 @@ pub struct CudaEngine {
     f_filter: sys::CUfunction,
     /// batch_filter over f16 score tiles (f16/bf16 storage).
     f_filter_h: sys::CUfunction,
-    /// Experimental, off by default (`KALOS_SCORE16=1`): for f16/bf16 storage the GEMMs write
-    /// f16 score tiles (f32 accumulation, output rounded to 11 significant bits), half the tile
-    /// traffic of f32 ones. The rounding (up to 2^-11 of the score) can reorder near-tied
+    /// Experimental, off by default (`KALOS_SCORE16=1`): for f16 storage the GEMMs write f16
+    /// score tiles (f32 accumulation, output rounded to 11 significant bits), half the tile
+    /// traffic of f32 ones (H200, 1024 x 1M x 768: GEMMs 2.92 -> 2.51 ms, filters 1.81 -> 1.25,
+    /// engine 6.15 -> 5.40 ms per batch). The rounding (up to 2^-11 of the score) can reorder near-tied
     /// candidates, which f32 tiles do not; an exact version needs a margin in every cut and an
     /// f32 rescoring of the candidates (docs/GPU.md). Cleared for good when a batch overflows
     /// the f16 range (that batch is answered again from f32 tiles).
@@ -697,7 +698,9 @@ impl CudaEngine {
             sq_mode,
             f_filter,
             f_filter_h,
-            score16: dtype != Dtype::F32 && std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "1"),
+            // f16 storage only: cuBLAS has no bf16 x bf16 -> f16 GEMM (with bf16 storage it
+            // failed the batch on the H200, and the engine fell back to the CPU).
+            score16: dtype == Dtype::F16 && std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "1"),
             tile16: false,
             overflowed: false,
             score16_overflows: 0,
