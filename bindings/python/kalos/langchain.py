@@ -266,9 +266,15 @@ class KalosVectorStore(VectorStore):
         return self.similarity_search_by_vector(self._embedding.embed_query(query), k, filter, **kwargs)
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        # LangChain wants [0, 1]. A vector's score against itself can be 1 + 6e-8 (f32 rounding:
+        # the SIMD and GPU kernels sum in different orders) and unnormalised vectors leave the
+        # nominal ranges altogether, so the mappings are clamped.
+        def clamp(x: float) -> float:
+            return min(1.0, max(0.0, x))
+
         if self._metric == "l2":
-            return lambda d: 1.0 - float(np.sqrt(max(d, 0.0))) / float(np.sqrt(2.0))
-        return lambda s: (1.0 + s) / 2.0  # cosine / ip on normalised vectors: [-1, 1] -> [0, 1]
+            return lambda d: clamp(1.0 - float(np.sqrt(max(d, 0.0))) / float(np.sqrt(2.0)))
+        return lambda s: clamp((1.0 + s) / 2.0)  # cosine / ip on normalised vectors: [-1, 1] -> [0, 1]
 
     def max_marginal_relevance_search_by_vector(
         self,
