@@ -26,6 +26,9 @@ fn main() {
         .get(3)
         .map(|s| s.split(',').filter_map(|t| t.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2, 4, 8, cores.saturating_sub(1).max(1)]);
+    // Fewer searches on large tables (each is milliseconds): ~3000 on small ones.
+    let iters = (3_000_000_000usize / (n * dim * 4).max(1)).clamp(60, 3000);
+    let warm = iters / 6;
     let mut r = rand::rngs::StdRng::seed_from_u64(rand::random());
     let vecs: Vec<f32> = (0..n * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
     let mut st = Store::new(dim, Metric::InnerProduct, n.max(1), 0);
@@ -43,12 +46,12 @@ fn main() {
         let mut e = CpuEngine::for_server(t, 2_000_000_000);
         e.set_parallel_min_bytes(if t > 1 { 0 } else { usize::MAX });
         let mut lat = Vec::new();
-        for i in 0..3000 {
+        for i in 0..iters {
             let q = &qs[(i % 64) * dim..(i % 64 + 1) * dim];
             let rq = SearchRequest { queries: q, nq: 1, k: 10, filter: &all, recency: None, now_ms: 0, direct: None };
             let t0 = Instant::now();
             e.search(&st, &rq, &mut out).unwrap();
-            if i >= 500 {
+            if i >= warm {
                 lat.push(t0.elapsed().as_secs_f64() * 1e6);
             }
         }
@@ -61,10 +64,10 @@ fn main() {
         }
         let mut p = Pool::new(t - 1, Duration::from_secs(2), true);
         let mut lat = Vec::new();
-        for i in 0..3000 {
+        for i in 0..iters {
             let t0 = Instant::now();
             p.run(&|_| {});
-            if i >= 500 {
+            if i >= warm {
                 lat.push(t0.elapsed().as_secs_f64() * 1e6);
             }
         }

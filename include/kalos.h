@@ -195,7 +195,10 @@ typedef struct kalos_options {
   const char *data_dir;
   // `KALOS_SYNC_*` (default ALWAYS).
   uint32_t sync_policy;
-  // CPU engine threads (default 0 = all cores).
+  // CPU engine threads (default 0 = all cores; on hosts of 8 or more cores, all but one).
+  // On hosts of 8 or more cores the engine's worker threads stay awake (busy-polling) for
+  // `server_spin_ns` after each request, as the server thread does, so scans of tables from
+  // 256 KiB up are split across them; then they sleep. 1 = the server thread alone.
   uint32_t threads;
   // Interval of `KALOS_SYNC_INTERVAL`, ms (default 100).
   uint64_t sync_interval_ms;

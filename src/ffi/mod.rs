@@ -168,7 +168,10 @@ pub struct kalos_options {
     pub data_dir: *const c_char,
     /// `KALOS_SYNC_*` (default ALWAYS).
     pub sync_policy: u32,
-    /// CPU engine threads (default 0 = all cores).
+    /// CPU engine threads (default 0 = all cores; on hosts of 8 or more cores, all but one).
+    /// On hosts of 8 or more cores the engine's worker threads stay awake (busy-polling) for
+    /// `server_spin_ns` after each request, as the server thread does, so scans of tables from
+    /// 256 KiB up are split across them; then they sleep. 1 = the server thread alone.
     pub threads: u32,
     /// Interval of `KALOS_SYNC_INTERVAL`, ms (default 100).
     pub sync_interval_ms: u64,

@@ -177,7 +177,8 @@ public final class KalosOptions {
         public Builder heartbeatTimeoutMs(long v) { heartbeatTimeoutMs = v; return this; }
         public Builder sync(SyncPolicy v) { sync = Objects.requireNonNull(v); return this; }
         public Builder syncIntervalMs(long v) { syncIntervalMs = v; return this; }
-        /** CPU engine threads (0 = all cores). */
+        /** CPU engine threads (0 = all cores; on hosts of 8 or more cores, all but one, whose
+         *  workers stay awake for {@code serverSpinNs} after each request). */
         public Builder threads(int v) { threads = v; return this; }
         /** GPU memory the CUDA engine may use, bytes (0 = 90% of free memory). */
         public Builder gpuMemoryBytes(long v) { gpuMemoryBytes = v; return this; }
