@@ -113,7 +113,7 @@ type Options struct {
 	Sync         Sync
 	SyncInterval time.Duration // for SyncInterval (default 100ms)
 	// Threads is the number of CPU engine threads (default 0 = all cores; on hosts of 8 or
-	// more cores, all but one, whose workers stay awake for ServerSpinNs after each request).
+	// more cores, all but one, whose workers stay awake for ServerSpin after each request).
 	Threads int
 	// GPUMemoryBytes bounds the CUDA engine's memory (default 0 = 90% of free memory).
 	GPUMemoryBytes uint64
