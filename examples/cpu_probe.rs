@@ -2,7 +2,7 @@
 //! an `n x dim` f32 table for several thread counts, and the worker pool's fan-out alone (an
 //! empty job). A tuning aid for the engine choice (docs/benchmarks/gpu.md, "CPU engine on the
 //! host").
-//!   cargo run --release --example cpu_probe -- [n] [dim] [threads,...]
+//!   cargo run --release --example cpu_probe -- [n] [dim] [threads,...] [ip|l2]
 use std::time::{Duration, Instant};
 
 use kalos::engine::cpu::CpuEngine;
@@ -31,7 +31,8 @@ fn main() {
     let warm = iters / 6;
     let mut r = rand::rngs::StdRng::seed_from_u64(rand::random());
     let vecs: Vec<f32> = (0..n * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
-    let mut st = Store::new(dim, Metric::InnerProduct, n.max(1), 0);
+    let metric = if a.get(4).map(String::as_str) == Some("l2") { Metric::L2 } else { Metric::InnerProduct };
+    let mut st = Store::new(dim, metric, n.max(1), 0);
     let items: Vec<UpsertItem<'_>> = (0..n)
         .map(|i| UpsertItem { id: i as u64, namespace: 0, vector: &vecs[i * dim..(i + 1) * dim], payload: None, created_ms: 0, expires_ms: NEVER })
         .collect();
@@ -56,7 +57,7 @@ fn main() {
             }
         }
         let (m, p99) = p50(lat);
-        println!("cpu_probe n={n} dim={dim} threads={t} ({}): search p50 {m:.1} us p99 {p99:.1} us", e.describe());
+        println!("cpu_probe n={n} dim={dim} {metric:?} threads={t} ({}): search p50 {m:.1} us p99 {p99:.1} us", e.describe());
     }
     for &t in &threads {
         if t < 2 {
