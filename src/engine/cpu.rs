@@ -573,7 +573,8 @@ impl CpuEngine {
         // p50 28.4 µs pinned, 28.0 unpinned) and a pinned worker cannot dodge a busy core.
         e.pin = std::env::var("KALOS_CPU_PIN").is_ok_and(|v| v == "1");
         // Tuning knobs (environment only).
-        if let Some(t) = std::env::var("KALOS_CPU_THREADS").ok().and_then(|s| s.parse::<usize>().ok()).filter(|&t| t > 0) {
+        let env_threads = std::env::var("KALOS_CPU_THREADS").ok().and_then(|s| s.parse::<usize>().ok()).filter(|&t| t > 0);
+        if let Some(t) = env_threads {
             e.threads = t;
         }
         if let Ok(isa) = std::env::var("KALOS_CPU_SCAN_ISA") {
@@ -587,7 +588,7 @@ impl CpuEngine {
             }
         }
         if spin_ns > 0 {
-            if threads == 0 && std::env::var_os("KALOS_CPU_THREADS").is_none() {
+            if threads == 0 && env_threads.is_none() {
                 // Leave a core to the clients: awake workers on every core would compete with
                 // a spinning client for the last one.
                 e.threads = cores.saturating_sub(1).max(1);
@@ -842,8 +843,8 @@ impl Engine for CpuEngine {
         if t == 1 {
             scan(&ctx, &mut self.workers[0], 0, len);
         } else {
-            // Chunks: one per participant for tables that fit in the caches (each core
-            // re-reads its own slice), ~1 MiB ones for larger tables (dynamic balance). A
+            // Chunks: one per participant for tables of at most 1 MiB a participant, ~1 MiB
+            // ones for larger tables (dynamic balance). A
             // participant claims the chunk of its own index first (a bit of `own`), then any
             // unclaimed one of those, then the rest from `next`.
             let per = len.div_ceil(t);

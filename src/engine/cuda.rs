@@ -451,7 +451,7 @@ pub struct CudaEngine {
     f_scan_v: Option<sys::CUfunction>,
     sq_mode: SqMode,
     f_filter: sys::CUfunction,
-    /// batch_filter over f16 score tiles (f16/bf16 storage).
+    /// batch_filter over f16 score tiles (f16 storage, `score16`).
     f_filter_h: sys::CUfunction,
     /// Experimental, off by default (`KALOS_SCORE16=1`): for f16 storage the GEMMs write f16
     /// score tiles (f32 accumulation, output rounded to 11 significant bits), half the tile
@@ -463,8 +463,6 @@ pub struct CudaEngine {
     score16: bool,
     /// Score type of the batch in progress (gemm_one, filter_tile, profile_batch read it).
     tile16: bool,
-    /// The last search_batch_tiles with f16 tiles saw an overflow.
-    overflowed: bool,
     /// Batches answered again from f32 tiles after an f16 overflow (the engine report).
     score16_overflows: u64,
     f_tighten: sys::CUfunction,
@@ -702,7 +700,6 @@ impl CudaEngine {
             // failed the batch on the H200, and the engine fell back to the CPU).
             score16: dtype == Dtype::F16 && std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "1"),
             tile16: false,
-            overflowed: false,
             score16_overflows: 0,
             f_tighten,
             f_final,
@@ -1260,9 +1257,8 @@ impl CudaEngine {
     /// buffer (kernels/topk.cu, "Batches"); a final kernel selects and sorts each query's top k.
     fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         self.tile16 = self.score16;
-        self.overflowed = false;
         let mut r = self.search_batch_tiles(store, req, out);
-        if r.is_ok() && self.overflowed {
+        if matches!(r, Ok(false)) {
             // A score beyond the f16 range (vectors of large norm): answer again from f32
             // tiles, and keep to them for this engine's life.
             self.score16 = false;
@@ -1271,12 +1267,12 @@ impl CudaEngine {
             r = self.search_batch_tiles(store, req, out);
         }
         self.tile16 = false;
-        r
+        r.map(|_| ())
     }
 
-    /// search_batch with the score type of `self.tile16`; with f16 tiles it sets
-    /// `self.overflowed` (and returns early) when a tile overflowed.
-    fn search_batch_tiles(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+    /// search_batch with the score type of `self.tile16`. Ok(false): an f16 tile overflowed,
+    /// `out` holds nothing and the batch must be answered again from f32 tiles.
+    fn search_batch_tiles(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<bool> {
         let t_start = std::time::Instant::now();
         let n = self.len;
         let dim = self.dim;
@@ -1409,9 +1405,8 @@ impl CudaEngine {
             }
             self.sync_stream()?;
             if ovf != 0 {
-                self.overflowed = true;
                 out.clear();
-                return Ok(());
+                return Ok(false);
             }
             t_synced = Some(t_start.elapsed());
             for i in 0..m {
@@ -1439,7 +1434,7 @@ impl CudaEngine {
             );
             self.profile_batch(&fs, tile, ntiles, whole)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Launches batch_filter over one score tile (rows `row0..row0+rows`, in d_scores with

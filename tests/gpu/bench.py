@@ -232,9 +232,9 @@ def main():
         ("100k x 768 f32", 100_000, 768, F32, None, 0),
     ]
     # The main configurations run with backend=cuda: every request on the GPU. "auto" (the
-    # default users get) lets the cost model answer small tables from the CPU engine, which on
-    # a host with many cores keeps a cache-sized table in the cores' caches: the 10k x 128 row
-    # is also measured that way (same run, same data).
+    # default users get) lets the cost model answer small tables from the CPU engine's split
+    # scan on a host with many cores: the 10k x 128 row is also measured that way (same run,
+    # same data).
     configs.insert(1, ("10k x 128 f32 auto", 10_000, 128, F32, 15, 0))
     # Probes, only when named in BENCH_ONLY ("N x D dtype [cpu|auto]", N with k/M): e.g. the
     # CPU engine on a 16-row table, where the client p50 is almost all request/response cost
