@@ -318,9 +318,11 @@ struct FlatAcc {
     __device__ __forceinline__ u64 id(u32 i) const { return ids[__ldcg(crow + i)]; }
 };
 
-// Finds the rule that takes exactly min(k, valid) elements of `a[0..m)`; result in S.
+// Finds the rule that takes exactly min(k, valid) elements of `a[0..m)`; result in S. With
+// `ties`, every element equal to the k-th key is taken too (the ids are not consulted), so more
+// than k may be: f16 score tiles (below) must never cut between rows whose rounded keys tie.
 template <class A>
-__device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S) {
+__device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S, bool ties = false) {
     const int t = threadIdx.x;
     if (t == 0) { S.prefix = 0; S.mask = 0; S.need = k; S.all = 0; S.tie = 0; S.total = 0; }
     __syncthreads();
@@ -358,7 +360,9 @@ __device__ void select_rule(const A& a, u32 m, u32 k, SelShared& S) {
         if (S.bincount == S.need) return;  // the whole bin is taken: the prefix decides
         __syncthreads();
     }
-    // More elements share the k-th key than are needed: take the lowest ids among them.
+    // More elements share the k-th key than are needed: take the lowest ids among them (or,
+    // with `ties`, all of them).
+    if (ties) return;
     if (t == 0) { S.tie = 1; S.idprefix = 0; S.idmask = 0; S.idneed = S.need; }
     __syncthreads();
     const u32 kth = S.prefix;
@@ -415,6 +419,40 @@ __device__ u32 select_to(const A& a, u32 m, u32 k, SelShared& S, u32* okey, u32*
     }
     __syncthreads();
     return S.cnt;
+}
+
+// select_to keeping every element tied with the k-th key: writes at most `lim` (>= k) of them
+// and returns that count; S.cnt holds how many were taken (> lim: the output is incomplete and
+// the caller reports an overflow).
+template <class A>
+__device__ u32 select_ties(const A& a, u32 m, u32 k, u32 lim, SelShared& S, u32* okey, u32* orow) {
+    select_rule(a, m, k, S, true);
+    if (threadIdx.x == 0) S.cnt = 0;
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < m; i += NT) {
+        u32 kk = a.key(i);
+        if (take(a, i, kk, S)) {
+            u32 p = atomicAdd(&S.cnt, 1u);
+            if (p < lim) {
+                okey[p] = kk;
+                orow[p] = a.row(i);
+            }
+        }
+    }
+    __syncthreads();
+    return min(S.cnt, lim);
+}
+
+// Top k of a[0..m) into okey/orow, exactly k (ties cut by id), or with `ties` every row tied with
+// the k-th key, at most `lim`; on more, sets bit 2 of *overflow. Returns the count written.
+template <class A>
+__device__ __forceinline__ u32 select_cut(const A& a, u32 m, u32 k, bool ties, u32 lim, u32* overflow, SelShared& S,
+                                          u32* okey, u32* orow) {
+    if (!ties) return select_to(a, m, k, S, okey, orow);
+    const u32 c = select_ties(a, m, k, lim, S, okey, orow);
+    if (threadIdx.x == 0 && S.cnt > lim) atomicOr(overflow, 2u);
+    __syncthreads();  // S.cnt is read above before the next selection resets it
+    return c;
 }
 
 // Accessor over candidates compacted into shared memory.
@@ -487,7 +525,7 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
     }
 }
 
-// Raises the bound *bnd to the smallest of the c keys just selected (skey, shared) when c == k:
+// Raises the bound *bnd to the smallest of the c keys just selected (skey, shared) when c >= k:
 // with k rows at or above it, it bounds the final k-th key from below. Returns the bound after
 // the update (max of the old one and this block's), in every thread; must be reached by every
 // thread of the block.
@@ -502,7 +540,7 @@ __device__ __forceinline__ u32 raise_bound(const u32* skey, u32 c, u32 k, u32* b
     if ((t & 31) == 0) atomicMin(&S.last, mn);
     __syncthreads();
     if (t == 0) {
-        const u32 mine = (c == k && c > 0) ? S.last : 0u;
+        const u32 mine = (c >= k && c > 0) ? S.last : 0u;  // more than k: rows tied at the cut
         if (wait) S.last = max(atomicMax(bnd, mine), mine);
         else {  // result unused: a reduction the block does not wait for; returns its own key
             atomicMax(bnd, mine);
@@ -1024,13 +1062,13 @@ __device__ __forceinline__ u32 append(const u32* skey, const u32* srow, u32 c, u
     return base + c;
 }
 
-// Cuts query q's buffer (cnt entries, global memory) to its top k and raises thr[q]; the caller
-// owns the buffer (no other block touches it during the call). skey/srow: KMAX entries of shared
-// memory.
+// Cuts query q's buffer (cnt entries, global memory) to its top k (with `ties`, also every row
+// tied with the k-th key, at most `lim`) and raises thr[q]; the caller owns the buffer (no other
+// block touches it during the call). skey/srow: `lim` (>= k) entries of shared memory.
 __device__ void cut_buffer(u32* okey, u32* orow, u32 cnt, u32 k, const u64* ids, u32* thr_q, u32* bcnt_q,
-                           u32* skey, u32* srow, SelShared& S) {
+                           u32* skey, u32* srow, SelShared& S, bool ties, u32 lim, u32* overflow) {
     SmemAcc a{okey, orow, ids};
-    const u32 c = select_to(a, cnt, k, S, skey, srow);
+    const u32 c = select_cut(a, cnt, k, ties, lim, overflow, S, skey, srow);
     for (u32 i = threadIdx.x; i < c; i += NT) {
         okey[i] = skey[i];
         orow[i] = srow[i];
@@ -1040,11 +1078,18 @@ __device__ void cut_buffer(u32* okey, u32* orow, u32 cnt, u32 k, const u64* ids,
     __syncthreads();
 }
 
-// Score tiles hold f32 (SV = 4 scores per 16-byte load) or, experimentally (KALOS_SCORE16=1,
-// f16 storage), f16 (SV = 8: half the bytes written by the GEMM and read here; the GEMM still
-// accumulates in f32, only its output is rounded, a relative error of at most 2^-11, which can
-// reorder near-tied candidates). The f16 variant loads FU / 2 vectors per thread per step, so a
-// step is FSTEP rows in both and the host's tiling is the same.
+// Score tiles hold f32 (SV = 4 scores per 16-byte load) or f16 (SV = 8, f16 storage with ip or
+// cosine and no recency: half the bytes written by the GEMM and read here). The GEMM accumulates
+// in f32 either way; an f16 tile rounds each accumulated score to nearest, a monotone map: a row
+// whose accumulated score is higher never gets a lower f16 key. So a cut that keeps every row
+// tied with its k-th key keeps a superset of the rows an f32 tile's cut would keep (if row r is
+// dropped, k kept rows have higher f16 keys, hence higher f32 scores, than r), and batch_final
+// rescores the survivors in f32 before the exact selection: the answers are those of f32 tiles
+// (up to f32 rounding of near-ties, as between any two summation orders). Every cut of an f16
+// batch keeps ties (`ties`, at most kx = 2k per filter block and `high` per buffer); a tie group
+// beyond that, or a score beyond the f16 range, sets *overflow (bit 2 / bit 1) and the host
+// answers the batch again from f32 tiles. The f16 variant loads FU / 2 vectors per thread per
+// step, so a step is FSTEP rows in both and the host's tiling is the same.
 template <int SV>
 __device__ __forceinline__ void unpack(const uint4& v, float (&e)[SV]);
 template <>
@@ -1061,9 +1106,10 @@ __device__ __forceinline__ void unpack<8>(const uint4& v, float (&e)[8]) {
     }
 }
 
-// Dynamic shared memory: (sb + k) * 8 bytes, sb = k + FSTEP * 3 / 2 survivor slots.
-// `overflow` (f16 tiles only): set to 1 when a score of the tile is not finite (a product beyond
-// the f16 range); the host then answers the batch again from f32 tiles.
+// Dynamic shared memory: (sb + kx) * 8 bytes, sb = kx + FSTEP * 3 / 2 survivor slots, kx = k
+// (f32 tiles) or 2k (f16 tiles: cuts keep ties). `overflow` (f16 tiles only): bit 1 when a score
+// of the tile is not finite (beyond the f16 range), bit 2 when a tie group outgrew its room; the
+// host then answers the batch again from f32 tiles.
 template <int SV>
 __device__ __forceinline__ void batch_filter_body(const unsigned char* __restrict__ in,
                                                   const float* __restrict__ qnorms, const Table& T,
@@ -1098,19 +1144,20 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
     // Survivor slots: room for a whole step after the k kept by a cut, plus half a step of slack
     // so that a cut happens only when the buffer really fills (without it, the first tile cut
     // at every step).
-    const u32 k = P.k, sb = k + FSTEP + FSTEP / 2;
+    constexpr bool ties = SV == 8;
+    const u32 k = P.k, kx = ties ? 2 * k : k, sb = kx + FSTEP + FSTEP / 2;
     const float qn = qnorms[q];
     u32 lb = __ldcg(thr + q);
     const bool plain = P.flags == 0u && P.nns == NONE_U32;  // no expiry, recency or namespace filter
     u32* ckey = (u32*)smem;  // survivors
     u32* crow = ckey + sb;
-    u32* skey = crow + sb;   // selection output (k entries)
-    u32* srow = skey + k;
+    u32* skey = crow + sb;   // selection output (kx entries)
+    u32* srow = skey + kx;
     for (u32 base = l0; base < l1; base += FSTEP) {  // uniform across the block
         __syncthreads();  // the last step's appends are done; thread 0 decides for the block
         if (__syncthreads_or(t == 0 && nsurv + FSTEP > sb)) {  // make room: keep the top k, raise the bound
             SmemAcc a{ckey, crow, T.ids};
-            const u32 c = select_to(a, nsurv, k, S, skey, srow);
+            const u32 c = select_cut(a, nsurv, k, ties, kx, overflow, S, skey, srow);
             for (u32 i = t; i < c; i += NT) {
                 ckey[i] = skey[i];
                 crow[i] = srow[i];
@@ -1194,11 +1241,12 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
         cnt = append(ckey, crow, c, okey, orow, bcnt + q, cap, S);
     } else {
         SmemAcc a{ckey, crow, T.ids};
-        const u32 got = select_to(a, c, k, S, skey, srow);
+        const u32 got = select_cut(a, c, k, ties, kx, overflow, S, skey, srow);
         raise_bound(skey, got, k, thr + q, S);
         cnt = append(skey, srow, got, okey, orow, bcnt + q, cap, S);
     }
-    if (gridDim.x == 1 && cnt > high && cnt <= cap) cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S);
+    if (gridDim.x == 1 && cnt > high && cnt <= cap)
+        cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S, ties, kx, overflow);
 }
 
 extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter(const unsigned char* __restrict__ in,
@@ -1217,11 +1265,34 @@ extern "C" __global__ void __launch_bounds__(NT, FMINB) batch_filter_h(const uns
     batch_filter_body<8>(in, qnorms, T, scores, ld, row0, rows, span, bkey, brow, bcnt, cap, high, thr, overflow);
 }
 
+// f16 tiles: the f32 score of table row `row` against query q's f16 row (the GEMM's B operand,
+// DP halves), one warp, returned in every lane: batch_final ranks the survivors of f16 cuts by it.
+__device__ __forceinline__ float rescore_h(const Table& T, u32 row, const u16* __restrict__ q16) {
+    const int lane = threadIdx.x & 31;
+    const uint4* x = (const uint4*)((const u16*)T.vecs + (size_t)row * DP);
+    const uint4* y = (const uint4*)q16;
+    float acc = 0.0f;
+    for (int j = lane; j < DP / 8; j += 32) {
+        float a[8], b[8];
+        unpack<8>(x[j], a);
+        unpack<8>(y[j], b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc = fmaf(a[i], b[i], acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULLMASK, acc, o);
+    return acc;
+}
+
 // Block q: when q's buffer holds more than `high` entries, keep only its top k (and raise thr).
-// With final != 0 (batch_final): always select, then sort and write q's results.
+// With final != 0 (batch_final): always select, then sort and write q's results. With ties (f16
+// score tiles): cuts keep every row tied with the k-th key (at most `high`, else bit 2 of
+// *overflow), and the final selection first rescores every candidate in f32 (q16: the queries
+// in f16, DP each).
 __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const Table& T, u32* bkey, u32* brow,
                                                  u32* bcnt, u32 cap, u32 high, u32* thr, bool final, u64* out_ids,
-                                                 float* out_scores, u32* out_counts, unsigned char* smem) {
+                                                 float* out_scores, u32* out_counts, unsigned char* smem, bool ties,
+                                                 const u16* q16, u32* overflow) {
     __shared__ SelShared S;
     const Params* P = (const Params*)in;
     const u32 q = blockIdx.x, k = P->k, t = threadIdx.x;
@@ -1238,34 +1309,46 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
     u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
     if (!final) {
-        cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S);
+        cut_buffer(okey, orow, cnt, k, T.ids, thr + q, bcnt + q, skey, srow, S, ties, min(high, (u32)KMAX), overflow);
         return;
     }
-    u32 c;
-    if (cnt <= MCAP) {  // one parallel pass into shared memory, then select there
+    const bool inmem = cnt <= MCAP;  // one parallel pass into shared memory, then select there
+    if (inmem) {
         for (u32 i = t; i < cnt; i += NT) { mkey[i] = okey[i]; mrow[i] = orow[i]; }
         __syncthreads();
-        SmemAcc a{mkey, mrow, T.ids};
-        c = select_to(a, cnt, k, S, skey, srow);
-    } else {
-        SmemAcc a{okey, orow, T.ids};
-        c = select_to(a, cnt, k, S, skey, srow);
     }
+    u32* ck = inmem ? mkey : okey;
+    const u32* cr = inmem ? mrow : orow;
+#if DTYPE == 1
+    if (ties) {
+        for (u32 i = t >> 5; i < cnt; i += NT / 32) {
+            const float sc = rescore_h(T, cr[i], q16 + (size_t)q * DP);
+            if ((t & 31) == 0) ck[i] = f2key(sc);
+        }
+        __syncthreads();
+    }
+#endif
+    SmemAcc a{ck, cr, T.ids};
+    const u32 c = select_to(a, cnt, k, S, skey, srow);
     u64* sid = (u64*)(srow + KMAX);
     sort_and_write(skey, srow, sid, c, T.ids, out_ids + (size_t)q * k, out_scores + (size_t)q * k, out_counts + q, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) batch_tighten(const unsigned char* __restrict__ in, Table T, u32* bkey,
-                                                               u32* brow, u32* bcnt, u32 cap, u32 high, u32* thr) {
+                                                               u32* brow, u32* bcnt, u32 cap, u32 high, u32* thr,
+                                                               u32 ties, u32* overflow) {
     extern __shared__ __align__(16) unsigned char smem[];
-    tighten_or_final(in, T, bkey, brow, bcnt, cap, high, thr, false, nullptr, nullptr, nullptr, smem);
+    tighten_or_final(in, T, bkey, brow, bcnt, cap, high, thr, false, nullptr, nullptr, nullptr, smem, ties != 0u, nullptr,
+                     overflow);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) batch_final(const unsigned char* __restrict__ in, Table T, u32* bkey,
                                                              u32* brow, u32* bcnt, u32 cap, u64* out_ids,
-                                                             float* out_scores, u32* out_counts) {
+                                                             float* out_scores, u32* out_counts, u32 ties,
+                                                             const u16* q16) {
     extern __shared__ __align__(16) unsigned char smem[];
-    tighten_or_final(in, T, bkey, brow, bcnt, cap, 0, nullptr, true, out_ids, out_scores, out_counts, smem);
+    tighten_or_final(in, T, bkey, brow, bcnt, cap, 0, nullptr, true, out_ids, out_scores, out_counts, smem, ties != 0u,
+                     q16, nullptr);
 }
 
 // Stores v at element i of a storage-type array (f32, f16 or bf16 by DTYPE).

@@ -77,6 +77,11 @@ pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
 /// they meet near 4k rows × 128 (2 MiB, ~128 KiB a participant).
 /// `KALOS_GPU_MIN_SPLIT_BYTES` overrides it (0: the pool never takes a GPU-sized table).
 const CPU_SPLIT_BYTES_PER_THREAD: usize = 128 << 10;
+/// SMs left to the filters while a pipelined batch's GEMMs run (cublasSetSmCountTarget:
+/// the GEMMs take the others); `KALOS_GEMM_SMS` sets the GEMMs' count instead.
+const FILTER_SMS: usize = 0;
+/// Largest k answered from f16 score tiles (their cuts keep up to 2k tied rows per filter block).
+const SCORE16_MAX_K: usize = 256;
 
 /// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
 #[repr(C)]
@@ -390,6 +395,17 @@ fn create_with(opts: &Options, store: &Store, hybrid: bool) -> Result<Box<dyn En
     }
 }
 
+/// The concrete CUDA engine, for in-process tuning probes (examples/gpu_probe.rs) that change
+/// its batch settings between searches. Servers use [`create`] / [`create_auto`].
+#[doc(hidden)]
+pub fn create_engine(opts: &Options, store: &Store) -> Result<CudaEngine> {
+    let cc = probe()?;
+    match catch_unwind(AssertUnwindSafe(|| CudaEngine::new(opts, store, cc, false))) {
+        Ok(r) => r,
+        Err(_) => Err(Error::new(Status::BackendUnavailable, "the CUDA engine failed to start (a CUDA library function is missing)")),
+    }
+}
+
 struct BatchBufs {
     d_qf32: DevBuf,
     d_q: DevBuf,
@@ -399,6 +415,9 @@ struct BatchBufs {
     d_qn: DevBuf,
     d_params: DevBuf,
     d_scores: DevBuf,
+    /// The second score tile of a pipelined batch (the GEMM of tile t+1 writes it while tile t
+    /// is filtered; empty when not pipelined).
+    d_scores2: DevBuf,
     d_bkey: DevBuf,
     d_brow: DevBuf,
     d_bcnt: DevBuf,
@@ -419,6 +438,7 @@ impl BatchBufs {
             d_qn: DevBuf::empty(),
             d_params: DevBuf::empty(),
             d_scores: DevBuf::empty(),
+            d_scores2: DevBuf::empty(),
             d_bkey: DevBuf::empty(),
             d_brow: DevBuf::empty(),
             d_bcnt: DevBuf::empty(),
@@ -453,13 +473,11 @@ pub struct CudaEngine {
     f_filter: sys::CUfunction,
     /// batch_filter over f16 score tiles (f16 storage, `score16`).
     f_filter_h: sys::CUfunction,
-    /// Experimental, off by default (`KALOS_SCORE16=1`): for f16 storage the GEMMs write f16
-    /// score tiles (f32 accumulation, output rounded to 11 significant bits), half the tile
-    /// traffic of f32 ones (H200, 1024 x 1M x 768: GEMMs 2.92 -> 2.51 ms, filters 1.81 -> 1.25,
-    /// engine 6.15 -> 5.40 ms per batch). The rounding (up to 2^-11 of the score) can reorder near-tied
-    /// candidates, which f32 tiles do not; an exact version needs a margin in every cut and an
-    /// f32 rescoring of the candidates (docs/GPU.md). Cleared for good when a batch overflows
-    /// the f16 range (that batch is answered again from f32 tiles).
+    /// f16 storage: batches with ip / cosine, no recency and k <= 256 score into f16 tiles
+    /// (f32 accumulation, output rounded: half the tile traffic of f32 tiles) and stay exact:
+    /// cuts keep ties and the survivors are rescored in f32 (kernels/topk.cu, "Batches").
+    /// `KALOS_SCORE16=0` turns it off; cleared for good when a batch overflows the f16 range
+    /// (that batch is answered again from f32 tiles).
     score16: bool,
     /// Score type of the batch in progress (gemm_one, filter_tile, profile_batch read it).
     tile16: bool,
@@ -474,6 +492,16 @@ pub struct CudaEngine {
     f_scatter: sys::CUfunction,
     f_convq: sys::CUfunction,
     stream: sys::CUstream,
+    /// Batches: the filters run on this second, high-priority stream, beside the next tile's
+    /// GEMM on `stream` (two score tiles, ordered by `ev`; see search_batch_tiles).
+    fstream: sys::CUstream,
+    /// [GEMM done with score tile 0, 1; filter done with score tile 0, 1].
+    ev: [sys::CUevent; 4],
+    /// Pipelined batches (`KALOS_BATCH_PIPE=0` turns it off).
+    pipe: bool,
+    /// SMs the GEMMs of a pipelined batch may use (cublasSetSmCountTarget; 0 = all), leaving
+    /// the rest to the filters (`KALOS_GEMM_SMS`).
+    gemm_sms: usize,
     blas: cb::cublasHandle_t,
     cc: (i32, i32),
     sms: usize,
@@ -555,10 +583,11 @@ struct FilterStep {
     smem: u32,
 }
 
-/// Dynamic shared memory of batch_filter for k results and `fstep` rows per step: survivor slots
-/// sb = k + fstep * 3 / 2, then k selection slots, (key, row) each (the kernel's layout).
-fn filter_smem(k: usize, fstep: usize) -> usize {
-    (2 * k + fstep * 3 / 2) * 8
+/// Dynamic shared memory of batch_filter for `kx` kept rows per cut (k, or 2k for f16 tiles,
+/// whose cuts keep ties) and `fstep` rows per step: survivor slots sb = kx + fstep * 3 / 2, then
+/// kx selection slots, (key, row) each (the kernel's layout).
+fn filter_smem(kx: usize, fstep: usize) -> usize {
+    (2 * kx + fstep * 3 / 2) * 8
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -678,6 +707,18 @@ impl CudaEngine {
         }
         let mut stream: sys::CUstream = std::ptr::null_mut();
         ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+        // The filter stream gets the highest priority: a filter block waiting for an SM is
+        // scheduled before the next GEMM's blocks.
+        let (mut least, mut greatest) = (0i32, 0i32);
+        ck("cuCtxGetStreamPriorityRange", unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
+        let mut fstream: sys::CUstream = std::ptr::null_mut();
+        ck("cuStreamCreateWithPriority", unsafe {
+            sys::cuStreamCreateWithPriority(&mut fstream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32, greatest)
+        })?;
+        let mut ev: [sys::CUevent; 4] = [std::ptr::null_mut(); 4];
+        for e in ev.iter_mut() {
+            ck("cuEventCreate", unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+        }
         let mut blas: cb::cublasHandle_t = std::ptr::null_mut();
         ckb("cublasCreate", unsafe { cb::cublasCreate_v2(&mut blas) })?;
         ckb("cublasSetStream", unsafe { cb::cublasSetStream_v2(blas, stream as cb::cudaStream_t) })?;
@@ -698,7 +739,7 @@ impl CudaEngine {
             f_filter_h,
             // f16 storage only: cuBLAS has no bf16 x bf16 -> f16 GEMM (with bf16 storage it
             // failed the batch on the H200, and the engine fell back to the CPU).
-            score16: dtype == Dtype::F16 && std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "1"),
+            score16: dtype == Dtype::F16 && !std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "0"),
             tile16: false,
             score16_overflows: 0,
             f_tighten,
@@ -712,6 +753,10 @@ impl CudaEngine {
             f_scatter,
             f_convq,
             stream,
+            fstream,
+            ev,
+            pipe: !std::env::var("KALOS_BATCH_PIPE").is_ok_and(|v| v == "0"),
+            gemm_sms: std::env::var("KALOS_GEMM_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(sms.saturating_sub(FILTER_SMS)).min(sms),
             blas,
             cc: (cc.0, cc.1),
             sms,
@@ -770,6 +815,27 @@ impl CudaEngine {
         e.ensure_capacity(initial)?;
         e.sync_stream()?;
         Ok(e)
+    }
+
+    /// Tuning probes only: batch pipelining, the GEMMs' SM count (0 = all) and f16 score tiles
+    /// (f16 storage; ignored otherwise).
+    #[doc(hidden)]
+    pub fn set_batch_tuning(&mut self, pipe: bool, gemm_sms: usize, score16: bool) {
+        self.pipe = pipe;
+        self.gemm_sms = if gemm_sms == 0 { self.sms } else { gemm_sms.min(self.sms) };
+        self.score16 = score16 && self.dtype == Dtype::F16;
+    }
+
+    /// Tuning probes only: engine time (ns) of the last batched search.
+    #[doc(hidden)]
+    pub fn last_batch_ns(&self) -> u64 {
+        self.batch_times.last().map_or(0, |&(_, t)| t)
+    }
+
+    /// Tuning probes only: SMs of the device.
+    #[doc(hidden)]
+    pub fn sm_count(&self) -> usize {
+        self.sms
     }
 
     fn sync_stream(&self) -> Result<()> {
@@ -1153,7 +1219,7 @@ impl CudaEngine {
     /// about the same bytes, so alternating them reallocates nothing (it used to free and
     /// allocate every buffer at each switch, ~5 ms on the H200). The sizes stay bounded: the
     /// score tile by `tile_bytes` (or one 4M-row column), the candidates by CAND_BYTES.
-    fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, buf_cap: usize) -> Result<()> {
+    fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, buf_cap: usize, pipe: bool) -> Result<()> {
         let (dim, dp, esize, bf16) = (self.dim, self.dp, self.esize, self.dtype == Dtype::Bf16);
         let b = self.batch.get_or_insert_with(BatchBufs::empty);
         let nqp = nq.next_power_of_two();
@@ -1165,6 +1231,9 @@ impl CudaEngine {
         grow(&mut b.d_qn, nqp * 4, "query norms")?;
         grow(&mut b.d_params, PARAMS_BYTES, "batch params")?;
         grow(&mut b.d_scores, nq * tile_rows * 4, "score tile")?;
+        if pipe {
+            grow(&mut b.d_scores2, nq * tile_rows * 4, "second score tile")?;
+        }
         grow(&mut b.d_bkey, nqp * buf_cap * 4, "batch candidates")?;
         grow(&mut b.d_brow, nqp * buf_cap * 4, "batch candidates")?;
         grow(&mut b.d_bcnt, nqp * 4, "batch candidate counts")?;
@@ -1256,23 +1325,36 @@ impl CudaEngine {
     /// storage) and filtered per query against a running threshold into a bounded candidate
     /// buffer (kernels/topk.cu, "Batches"); a final kernel selects and sorts each query's top k.
     fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
-        self.tile16 = self.score16;
+        // f16 score tiles where rounding a score is monotone in the key (ip / cosine without
+        // recency: the key is the score itself; l2 adds each row's norm, recency each row's
+        // boost) and the tie room of a cut fits (k <= 256; kernels/topk.cu, "Batches").
+        self.tile16 = self.score16 && self.metric != Metric::L2 && req.recency.is_none() && req.k <= SCORE16_MAX_K;
         let mut r = self.search_batch_tiles(store, req, out);
-        if matches!(r, Ok(false)) {
-            // A score beyond the f16 range (vectors of large norm): answer again from f32
-            // tiles, and keep to them for this engine's life.
-            self.score16 = false;
+        if let Ok(Some(bits)) = r {
+            // Bit 1: a score beyond the f16 range (vectors of large norm): answer again from f32
+            // tiles, and keep to them for this engine's life. Bit 2: a tie group larger than a
+            // cut's room (many equal scores near the k-th): this batch only.
+            if bits & 1 != 0 {
+                self.score16 = false;
+            }
             self.tile16 = false;
             self.score16_overflows += 1;
             r = self.search_batch_tiles(store, req, out);
         }
         self.tile16 = false;
+        if r.is_err() {
+            // A pipelined batch may have left filters queued on the second stream: let them
+            // finish before anything reuses the buffers (the error is already reported).
+            // SAFETY: the engine's own stream.
+            unsafe { sys::cuStreamSynchronize(self.fstream) };
+        }
         r.map(|_| ())
     }
 
-    /// search_batch with the score type of `self.tile16`. Ok(false): an f16 tile overflowed,
-    /// `out` holds nothing and the batch must be answered again from f32 tiles.
-    fn search_batch_tiles(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<bool> {
+    /// search_batch with the score type of `self.tile16`. Ok(Some(bits)): an f16 batch
+    /// overflowed (bits as in search_batch), `out` holds nothing and the batch must be answered
+    /// again from f32 tiles.
+    fn search_batch_tiles(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<Option<u32>> {
         let t_start = std::time::Instant::now();
         let n = self.len;
         let dim = self.dim;
@@ -1284,6 +1366,8 @@ impl CudaEngine {
         // true k-th key of the rows seen so far: small, so the threshold tightens within the
         // first few tiles and later filter blocks mostly append nothing.
         let high = (4 * k).max(256);
+        // Rows a filter block keeps per cut: k, or with f16 tiles up to 2k (ties kept).
+        let kx = if self.tile16 { 2 * k } else { k };
         let mut nqt = nq_all.min(1024);
         // Filter blocks: one per query and span of a tile's rows, at least ~4 per SM in all.
         let sms = self.sms;
@@ -1292,7 +1376,7 @@ impl CudaEngine {
             let tile = (self.tile_bytes / (nqt * 4) / fstep * fstep).clamp(fstep, 1 << 22).min(align_up(n, fstep));
             let span = align_up(tile.div_ceil((4 * sms).div_ceil(nqt).max(1)), fstep);
             let gx = tile.div_ceil(span);
-            let cap = high + gx * k;
+            let cap = high + gx * kx;
             (tile, span, gx, cap)
         };
         while nqt > 1 && nqt * sizes(nqt).3 * 8 > CAND_BYTES {
@@ -1300,15 +1384,22 @@ impl CudaEngine {
         }
         let (tile, span, gx, cap) = sizes(nqt);
         let ntiles = n.div_ceil(tile);
-        self.ensure_batch(nqt, k, tile, cap)?;
+        // Pipelined: the GEMM of tile t+1 (stream) runs while tile t is filtered (fstream),
+        // into the other of two score tiles.
+        let pipe = self.pipe && ntiles > 1;
+        self.ensure_batch(nqt, k, tile, cap, pipe)?;
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
+        let d_scores2 = b.d_scores2.ptr;
+        let sm_target = if pipe && self.gemm_sms < self.sms { self.gemm_sms as i32 } else { 0 };
+        // SAFETY: a plain setting of the engine's cuBLAS handle (0 = every SM).
+        ckb("cublasSetSmCountTarget", unsafe { cb::cublasSetSmCountTarget(self.blas, sm_target) })?;
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let (d_thr, d_ovf) = (b.d_thr.ptr, b.d_overflow.ptr);
         let mut ovf = 0u32;
         let smem = SMEM_MAIN as u32;
-        let fsmem = filter_smem(k, fstep) as u32;
+        let fsmem = filter_smem(kx, fstep) as u32;
         let mut ids = vec![0u64; nqt * k];
         let mut scores = vec![0f32; nqt * k];
         let mut counts = vec![0u32; nqt];
@@ -1356,19 +1447,35 @@ impl CudaEngine {
             let mut tab = self.table_arg();
             let (mut a_in, mut a_bk, mut a_br, mut a_bc, mut a_thr) = (d_params, d_bkey, d_brow, d_bcnt, d_thr);
             let (mut a_cap, mut a_high) = (cap as u32, high as u32);
+            let (mut a_ties, mut a_ovf, mut a_q16) = (self.tile16 as u32, d_ovf, d_q);
             let fs = FilterStep { m, span, cap, high, smem: fsmem };
             for t in 0..ntiles {
                 let row0 = t * tile;
                 let rows = (n - row0).min(tile);
-                // Columns start 16-byte aligned for the filter's vector loads. (GEMM and filter
-                // on two streams, with two score tiles, gained nothing on the H200: the GEMM
-                // kernels fill every SM, so they serialise anyway; docs/benchmarks/gpu.md.)
-                self.gemm_tile(d_q, d_scores, row0, rows, m, self.tile_ld(rows))?;
+                let (buf, fst) = match (pipe, t % 2) {
+                    (false, _) => (d_scores, self.stream),
+                    (true, 0) => (d_scores, self.fstream),
+                    (true, _) => (d_scores2, self.fstream),
+                };
+                // SAFETY (the event calls below): events and streams are the engine's own, alive
+                // until Drop; waits are recorded on the streams, nothing blocks the host.
+                if pipe && t >= 2 {
+                    // The filter of tile t-2 has finished reading this score tile.
+                    ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2 + t % 2], 0) })?;
+                }
+                // Columns start 16-byte aligned for the filter's vector loads.
+                self.gemm_tile(d_q, buf, row0, rows, m, self.tile_ld(rows))?;
                 t_queued.get_or_insert_with(|| t_start.elapsed());
-                let fblocks = self.filter_tile(&fs, row0, rows)?;
+                if pipe {
+                    // Everything queued on `stream` so far (inputs, resets, this GEMM) comes
+                    // before this tile's filter.
+                    ck("cuEventRecord", unsafe { sys::cuEventRecord(self.ev[t % 2], self.stream) })?;
+                    ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.fstream, self.ev[t % 2], 0) })?;
+                }
+                let fblocks = self.filter_tile(&fs, buf, fst, row0, rows)?;
                 // With one filter block per query the filter cuts the buffers itself.
                 if fblocks > 1 && t + 1 < ntiles {
-                    let mut targs: [*mut c_void; 8] = [
+                    let mut targs: [*mut c_void; 10] = [
                         &mut a_in as *mut _ as *mut c_void,
                         &mut tab as *mut _ as *mut c_void,
                         &mut a_bk as *mut _ as *mut c_void,
@@ -1377,14 +1484,23 @@ impl CudaEngine {
                         &mut a_cap as *mut _ as *mut c_void,
                         &mut a_high as *mut _ as *mut c_void,
                         &mut a_thr as *mut _ as *mut c_void,
+                        &mut a_ties as *mut _ as *mut c_void,
+                        &mut a_ovf as *mut _ as *mut c_void,
                     ];
                     ck("launch batch_tighten", unsafe {
-                        sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, self.stream, targs.as_mut_ptr(), std::ptr::null_mut())
+                        sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, fst, targs.as_mut_ptr(), std::ptr::null_mut())
                     })?;
                 }
+                if pipe {
+                    ck("cuEventRecord", unsafe { sys::cuEventRecord(self.ev[2 + t % 2], self.fstream) })?;
+                }
+            }
+            if pipe {
+                // batch_final and the copies back follow the last filter.
+                ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2 + (ntiles - 1) % 2], 0) })?;
             }
             let (mut a_oi, mut a_os, mut a_oc) = (d_oids, d_osc, d_ocnt);
-            let mut margs: [*mut c_void; 9] = [
+            let mut margs: [*mut c_void; 11] = [
                 &mut a_in as *mut _ as *mut c_void,
                 &mut tab as *mut _ as *mut c_void,
                 &mut a_bk as *mut _ as *mut c_void,
@@ -1394,6 +1510,8 @@ impl CudaEngine {
                 &mut a_oi as *mut _ as *mut c_void,
                 &mut a_os as *mut _ as *mut c_void,
                 &mut a_oc as *mut _ as *mut c_void,
+                &mut a_ties as *mut _ as *mut c_void,
+                &mut a_q16 as *mut _ as *mut c_void,
             ];
             // SAFETY: as above; the host vectors hold nqt * k ids/scores and nqt counts.
             unsafe {
@@ -1406,7 +1524,7 @@ impl CudaEngine {
             self.sync_stream()?;
             if ovf != 0 {
                 out.clear();
-                return Ok(false);
+                return Ok(Some(ovf));
             }
             t_synced = Some(t_start.elapsed());
             for i in 0..m {
@@ -1434,16 +1552,16 @@ impl CudaEngine {
             );
             self.profile_batch(&fs, tile, ntiles, whole)?;
         }
-        Ok(true)
+        Ok(None)
     }
 
     /// Launches batch_filter over one score tile (rows `row0..row0+rows`, in d_scores with
     /// ld = align_up(rows, 4)); returns the number of blocks per query.
-    fn filter_tile(&self, fs: &FilterStep, row0: usize, rows: usize) -> Result<u32> {
+    fn filter_tile(&self, fs: &FilterStep, scores: u64, stream: sys::CUstream, row0: usize, rows: usize) -> Result<u32> {
         let b = self.batch.as_ref().ok_or_else(|| Error::new(Status::Internal, "batch buffers missing"))?;
         let mut tab = self.table_arg();
         let (mut a_in, mut a_qn, mut a_sc, mut a_bk, mut a_br, mut a_bc, mut a_thr) =
-            (b.d_params.ptr, b.d_qn.ptr, b.d_scores.ptr, b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_thr.ptr);
+            (b.d_params.ptr, b.d_qn.ptr, scores, b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_thr.ptr);
         let (mut a_ld, mut a_row0, mut a_rows, mut a_span) = (self.tile_ld(rows) as u32, row0 as u32, rows as u32, fs.span as u32);
         let mut a_ovf = b.d_overflow.ptr;
         let (mut a_cap, mut a_high) = (fs.cap as u32, fs.high as u32);
@@ -1470,7 +1588,7 @@ impl CudaEngine {
         // SAFETY: every pointer argument is a live device buffer sized by ensure_batch for
         // fs.m queries, `rows` <= tile rows and fs.cap candidates per query.
         ck("launch batch_filter", unsafe {
-            sys::cuLaunchKernel(f, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+            sys::cuLaunchKernel(f, blocks, fs.m as u32, 1, NT, 1, 1, fs.smem, stream, args.as_mut_ptr(), std::ptr::null_mut())
         })?;
         Ok(blocks)
     }
@@ -1504,7 +1622,7 @@ impl CudaEngine {
             // profile hit on the H200: a cut of duplicates keeps more than k, past its slots).
             // SAFETY: d_bcnt holds fs.m counts (ensure_batch).
             ck("reset counts", unsafe { sys::cuMemsetD8Async(d_bcnt, 0, fs.m * 4, self.stream) })?;
-            self.filter_tile(fs, row0, rows)?;
+            self.filter_tile(fs, d_scores, self.stream, row0, rows)?;
         }
         self.sync_stream()?;
         let filters = t1.elapsed();
@@ -1606,6 +1724,7 @@ impl Drop for CudaEngine {
         }
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
             sys::cuStreamSynchronize(self.stream);
+            sys::cuStreamSynchronize(self.fstream);
             if self.slots_dev != 0 {
                 sys::cuMemHostUnregister(self.slots.0 as *mut c_void);
             }
@@ -1615,6 +1734,10 @@ impl Drop for CudaEngine {
                 cb::cublasDestroy_v2(self.blas);
             }
             sys::cuStreamDestroy_v2(self.stream);
+            sys::cuStreamDestroy_v2(self.fstream);
+            for e in self.ev {
+                sys::cuEventDestroy_v2(e);
+            }
         }));
     }
 }

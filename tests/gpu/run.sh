@@ -3,7 +3,9 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [correctness|bench|harness]...   (default: all). Logs go to $OUT.
+# Usage: bash run.sh [correctness|probe|bench|harness]...   (default: all). Logs go to $OUT.
+# probe: gpu_probe (examples/gpu_probe.rs), the batch engine in-process under the settings in
+# $PROBE_SETTINGS (pipe:gemm_sms:score16), each checked against the first.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
@@ -12,7 +14,7 @@ export KALOS_LIB="$HERE/libkalos.so" KALOS_LIBRARY="$HERE/libkalos.so"
 export PYTHONPATH="$HERE/python${PYTHONPATH:+:$PYTHONPATH}"   # the kalos package (stage.sh)
 export KALOS_COMMIT="$(cat "$HERE/COMMIT" 2>/dev/null | tr '\n' ' ')"
 export KALOS_CUDA_REPORT=1
-WHAT="${*:-correctness bench harness}"
+WHAT="${*:-correctness probe bench harness}"
 cd "$HERE"
 {
   date -u; uname -a
@@ -22,11 +24,15 @@ cd "$HERE"
 } > "$OUT/env.txt" 2>&1
 head -3 "$OUT/env.txt"
 RC=0
-C_RES="not run"; B_RES="not run"; H_RES="not run"
+C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"
 if [[ " $WHAT " == *" correctness "* ]]; then
   timeout ${T_CORR:-480} python3 correctness.py ${CORRECTNESS_SUITES:-} > "$OUT/correctness.log" 2>&1; r=$?
   grep -E "^(FAIL|INFO|suite|CORRECTNESS)" "$OUT/correctness.log" | cut -c1-400 | tail -40
   C_RES="$(grep '^CORRECTNESS' "$OUT/correctness.log" || echo "crashed/timed out rc=$r")"; [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" probe "* ]] && [ -x ./gpu_probe ]; then
+  timeout ${T_PROBE:-150} ./gpu_probe ${PROBE_ARGS:-1000000 768 f16 1024} ${PROBE_SETTINGS:-0:0:0 0:0:1 1:0:1 1:0:0} > "$OUT/probe.log" 2>&1; r=$?
+  cat "$OUT/probe.log" | cut -c1-260; P_RES="rc=$r"; [ $r -ne 0 ] && RC=1
 fi
 if [[ " $WHAT " == *" bench "* ]]; then
   timeout ${T_BENCH:-240} python3 bench.py > "$OUT/bench.log" 2>&1; r=$?
@@ -47,6 +53,7 @@ if [[ " $WHAT " == *" harness "* ]]; then
 fi
 echo "== summary =="
 echo "correctness: $C_RES"
+echo "probe:       $P_RES"
 echo "bench:       $B_RES"
 echo "C harness:   $H_RES"
 exit $RC

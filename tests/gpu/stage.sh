@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release
+cargo build --release --example gpu_probe
 mkdir -p tests/c/build
 gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -Ltarget/release -lkalos \
   -Wl,-rpath,'$ORIGIN' -lm -o tests/c/build/harness_gpu
@@ -14,7 +15,7 @@ rm -rf .gpu && mkdir -p .gpu/python
 cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh .gpu/
 cp tests/c/build/harness_gpu .gpu/c_harness
 cp tests/c/build/bench_recall_gpu .gpu/bench_recall
-cp target/release/kalosd .gpu/
+cp target/release/kalosd target/release/examples/gpu_probe .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > .gpu/COMMIT
