@@ -216,18 +216,35 @@ struct Pending {
     slot: usize,
     word: u64,
     req: Vec<u8>,
+    /// A large request's private copy in the server's mirror (start, length) instead of `req`
+    /// (see `Server::mirror`).
+    ext: Option<(*const u8, usize)>,
 }
 
 impl Pending {
+    /// The private copy of the request.
+    fn bytes(&self) -> &[u8] {
+        match self.ext {
+            // SAFETY: a region of the server's mirror, which outlives every Pending, written by
+            // `collect` for this request and not touched again until the next `collect`, which
+            // runs after this batch is published and its Pendings are gone.
+            Some((p, len)) => unsafe { std::slice::from_raw_parts(p, len) },
+            None => &self.req,
+        }
+    }
     /// The request's op code (0, an unknown op, when the request is shorter than one).
     fn op(&self) -> u32 {
-        self.req.get(..4).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
+        self.bytes().get(..4).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
     }
     /// The request body after the op code.
     fn body(&self) -> &[u8] {
-        self.req.get(4..).unwrap_or(&[])
+        self.bytes().get(4..).unwrap_or(&[])
     }
 }
+
+/// Requests of at least this many bytes are copied into the mirror (a batch of queries) rather
+/// than into a pooled vector.
+const MIRROR_MIN_BYTES: usize = 64 << 10;
 
 struct RecallJob {
     idx: usize, // index into batch
@@ -240,6 +257,11 @@ struct RecallJob {
 pub(crate) struct Server {
     // Dropped before `seg` (declaration order): the engine may have registered the mapping.
     engine: Box<dyn Engine>,
+    /// Private copies of large requests, one `data_bytes` region per slot, offered to the engine
+    /// (`attach_staging`): a GPU engine registers it and copies a batch's queries from there to
+    /// the device without staging them again (~0.45 ms of 3 MB on the H200 host). Dropped after
+    /// the engine, which unregisters it.
+    mirror: Option<memmap2::MmapMut>,
     seg: Arc<Segment>,
     opts: Options,
     store: Store,
@@ -269,7 +291,16 @@ impl Server {
         let metric = store.metric();
         let (base, len) = seg.region();
         engine.attach_slots(base, len);
+        // Every engine gets the mirror (pages are touched only by large requests); a GPU engine
+        // registers it.
+        let mut mirror = (seg.data_bytes() >= MIRROR_MIN_BYTES)
+            .then(|| memmap2::MmapMut::map_anon(seg.slot_count() * seg.data_bytes()).ok())
+            .flatten();
+        if let Some(m) = mirror.as_mut() {
+            engine.attach_staging(m.as_mut_ptr(), m.len());
+        }
         Server {
+            mirror,
             seg,
             opts,
             store,
@@ -375,10 +406,19 @@ impl Server {
             if slot.state.compare_exchange(w, p, Ordering::AcqRel, Ordering::Relaxed).is_err() {
                 continue;
             }
-            let len = slot.req_len.load(Ordering::Acquire) as usize;
+            let len = (slot.req_len.load(Ordering::Acquire) as usize).min(seg.data_bytes());
+            if let Some(m) = self.mirror.as_mut().filter(|_| len >= MIRROR_MIN_BYTES) {
+                let dst = &mut m[i * seg.data_bytes()..i * seg.data_bytes() + len];
+                // SAFETY: the source lies within slot i's data area (len <= data_bytes); the bytes
+                // may be changed concurrently by a misbehaving peer: they are copied once and only
+                // the private copy is parsed.
+                unsafe { std::ptr::copy_nonoverlapping(seg.slot_data(i), dst.as_mut_ptr(), len) };
+                self.batch.push(Pending { slot: i, word: p, req: Vec::new(), ext: Some((dst.as_ptr(), len)) });
+                continue;
+            }
             let mut buf = self.free_bufs.pop().unwrap_or_default();
             seg.read_data(i, &mut buf, len);
-            self.batch.push(Pending { slot: i, word: p, req: buf });
+            self.batch.push(Pending { slot: i, word: p, req: buf, ext: None });
         }
         self.queue_depth = self.batch.len() as u64;
         self.batch.len()

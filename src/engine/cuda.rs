@@ -569,6 +569,9 @@ pub struct CudaEngine {
     /// `slots_dev` (0 = not mapped): single-query kernels write response bodies there.
     slots: (usize, usize),
     slots_dev: u64,
+    /// The server's staging region (host address, length; 0 = none), registered with CUDA: a
+    /// batch whose queries lie in it is copied to the device from there, with no staging copy.
+    staging: (usize, usize),
     /// Single-query responses written straight into a client's slot (for the report).
     direct_writes: u64,
 }
@@ -806,6 +809,7 @@ impl CudaEngine {
             min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MIN_ROWS).clamp(16, CHUNK),
             slots: (0, 0),
             slots_dev: 0,
+            staging: (0, 0),
             direct_writes: 0,
         };
         e.d_out = e.h_out.device_ptr()?;
@@ -817,11 +821,14 @@ impl CudaEngine {
         Ok(e)
     }
 
-    /// Tuning probes only: batch pipelining, the GEMMs' SM count (0 = all) and f16 score tiles
-    /// (f16 storage; ignored otherwise).
+    /// Tuning probes only: batch pipelining, the GEMMs' SM count (0 = all), f16 score tiles
+    /// (f16 storage; ignored otherwise) and the score tile's size in MB (0: unchanged).
     #[doc(hidden)]
-    pub fn set_batch_tuning(&mut self, pipe: bool, gemm_sms: usize, score16: bool) {
+    pub fn set_batch_tuning(&mut self, pipe: bool, gemm_sms: usize, score16: bool, tile_mb: usize) {
         self.pipe = pipe;
+        if tile_mb > 0 {
+            self.tile_bytes = tile_mb.clamp(4, 1024) << 20;
+        }
         self.gemm_sms = if gemm_sms == 0 { self.sms } else { gemm_sms.min(self.sms) };
         self.score16 = score16 && self.dtype == Dtype::F16;
     }
@@ -1385,8 +1392,10 @@ impl CudaEngine {
         let (tile, span, gx, cap) = sizes(nqt);
         let ntiles = n.div_ceil(tile);
         // Pipelined: the GEMM of tile t+1 (stream) runs while tile t is filtered (fstream),
-        // into the other of two score tiles.
-        let pipe = self.pipe && ntiles > 1;
+        // into the other of two score tiles. f16 tiles only: with f32 tiles it was slower on the
+        // H200 (1024 x 1M x 768 f16 storage, engine p50 6.04 -> 6.45 ms; with f16 tiles 5.03 ->
+        // 4.77 ms; docs/benchmarks/gpu.md, seventh session).
+        let pipe = self.pipe && self.tile16 && ntiles > 1;
         self.ensure_batch(nqt, k, tile, cap, pipe)?;
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
@@ -1418,7 +1427,12 @@ impl CudaEngine {
                 let pb = std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>());
                 ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pb.as_ptr() as *const c_void, pb.len()))?;
                 t_params.get_or_insert_with(|| t_start.elapsed());
-                if qs.len() * 4 <= self.h_stage.bytes {
+                let (sb, sl) = self.staging;
+                let qa = qs.as_ptr() as usize;
+                if sb != 0 && qa >= sb && qa + qs.len() * 4 <= sb + sl {
+                    // Already in registered memory (the server's private copy of the request).
+                    ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4, self.stream))?;
+                } else if qs.len() * 4 <= self.h_stage.bytes {
                     // Through pinned memory: a pageable copy of a 3 MB batch costs ~1 ms.
                     std::ptr::copy_nonoverlapping(qs.as_ptr() as *const u8, self.h_stage.ptr, qs.len() * 4);
                     ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, self.h_stage.ptr as *const c_void, qs.len() * 4, self.stream))?;
@@ -1728,6 +1742,9 @@ impl Drop for CudaEngine {
             if self.slots_dev != 0 {
                 sys::cuMemHostUnregister(self.slots.0 as *mut c_void);
             }
+            if self.staging.0 != 0 {
+                sys::cuMemHostUnregister(self.staging.0 as *mut c_void);
+            }
             self.graphs.clear();
             self.batch = None;
             if !self.blas.is_null() {
@@ -1788,6 +1805,22 @@ impl Engine for CudaEngine {
             self.slots = (base as usize, len);
         }
         self.slots_dev != 0
+    }
+    fn attach_staging(&mut self, base: *mut u8, len: usize) -> bool {
+        if self.staging.0 != 0 || base.is_null() || len == 0 || std::env::var("KALOS_STAGE_DIRECT").is_ok_and(|v| v == "0") {
+            return self.staging.0 != 0;
+        }
+        let ok = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: [base, base + len) is a live mapping the server keeps for the engine's life
+            // (the trait's contract); registering pins it (flags 0: host-side DMA source only);
+            // Drop unregisters it.
+            unsafe { sys::cuMemHostRegister_v2(base as *mut c_void, len, 0) == sys::CUresult::CUDA_SUCCESS }
+        }))
+        .unwrap_or(false);
+        if ok {
+            self.staging = (base as usize, len);
+        }
+        ok
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);

@@ -55,6 +55,13 @@ pub trait Engine: Send {
     fn attach_slots(&mut self, _base: *mut u8, _len: usize) -> bool {
         false
     }
+    /// Offers the engine a server-owned host region, `[base, base + len)`, that stays mapped for
+    /// the engine's life: the server copies large requests there, so a query batch may lie in it
+    /// (`SearchRequest::queries`). An engine may register it for DMA (and must unregister it when
+    /// dropped). Returns whether it did.
+    fn attach_staging(&mut self, _base: *mut u8, _len: usize) -> bool {
+        false
+    }
 }
 
 /// Spare entries (16 bytes each) at the end of every heap: the CPU engine's workers each push
