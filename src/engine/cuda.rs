@@ -50,6 +50,11 @@ pub(crate) const MAX_GPU_DIM: usize = 8192;
 /// and 48 MB on the H200 (docs/benchmarks/gpu.md): larger GEMMs run faster than the L2 reuse
 /// of a smaller tile saves.
 const SCORE_TILE_BYTES: usize = 96 << 20;
+/// The same for f16 score tiles, counted as f32 (the tile itself is half this; two of them when
+/// pipelined): larger tiles mean fewer filter blocks, each paying its start-up once per tile.
+/// H200, 1024 x 1M x 768 f16, pipelined, engine p50 (seventh session, gpu_probe): 96 MB 4.42 ms,
+/// 192 MB 4.03 ms, 384 MB 3.84 ms (48 MB 4.92 ms).
+const SCORE16_TILE_BYTES: usize = 384 << 20;
 /// Candidate-buffer budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
 /// 16-byte score loads per thread per step of batch_filter (FU in the kernel; a step is
@@ -485,7 +490,10 @@ pub struct CudaEngine {
     score16_overflows: u64,
     f_tighten: sys::CUfunction,
     f_final: sys::CUfunction,
+    /// Rows per score tile: this many bytes of f32 scores for the batch's queries (f16 tiles
+    /// hold half the bytes), `tile16_bytes` for f16 tiles.
     tile_bytes: usize,
+    tile16_bytes: usize,
     /// Rows per step of a batch_filter block (NT * FU * 4).
     fstep: usize,
     batch_profile: bool,
@@ -751,6 +759,10 @@ impl CudaEngine {
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
                 .map_or(SCORE_TILE_BYTES, |mb| mb.clamp(4, 1024) << 20),
+            tile16_bytes: std::env::var("KALOS_TILE_MB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(SCORE16_TILE_BYTES, |mb| mb.clamp(4, 1024) << 20),
             fstep,
             batch_profile: std::env::var_os("KALOS_BATCH_PROFILE").is_some(),
             f_scatter,
@@ -828,6 +840,7 @@ impl CudaEngine {
         self.pipe = pipe;
         if tile_mb > 0 {
             self.tile_bytes = tile_mb.clamp(4, 1024) << 20;
+            self.tile16_bytes = self.tile_bytes;
         }
         self.gemm_sms = if gemm_sms == 0 { self.sms } else { gemm_sms.min(self.sms) };
         self.score16 = score16 && self.dtype == Dtype::F16;
@@ -1227,7 +1240,7 @@ impl CudaEngine {
     /// allocate every buffer at each switch, ~5 ms on the H200). The sizes stay bounded: the
     /// score tile by `tile_bytes` (or one 4M-row column), the candidates by CAND_BYTES.
     fn ensure_batch(&mut self, nq: usize, k: usize, tile_rows: usize, buf_cap: usize, pipe: bool) -> Result<()> {
-        let (dim, dp, esize, bf16) = (self.dim, self.dp, self.esize, self.dtype == Dtype::Bf16);
+        let (dim, dp, esize, bf16, tile16) = (self.dim, self.dp, self.esize, self.dtype == Dtype::Bf16, self.tile16);
         let b = self.batch.get_or_insert_with(BatchBufs::empty);
         let nqp = nq.next_power_of_two();
         grow(&mut b.d_qf32, nqp * dim * 4, "batch queries")?;
@@ -1237,9 +1250,11 @@ impl CudaEngine {
         }
         grow(&mut b.d_qn, nqp * 4, "query norms")?;
         grow(&mut b.d_params, PARAMS_BYTES, "batch params")?;
-        grow(&mut b.d_scores, nq * tile_rows * 4, "score tile")?;
+        // f16 tiles: 2 bytes a score (columns padded to 8 rows: tile_ld).
+        let sbytes = nq * align_up(tile_rows, 8) * if tile16 { 2 } else { 4 };
+        grow(&mut b.d_scores, sbytes, "score tile")?;
         if pipe {
-            grow(&mut b.d_scores2, nq * tile_rows * 4, "second score tile")?;
+            grow(&mut b.d_scores2, sbytes, "second score tile")?;
         }
         grow(&mut b.d_bkey, nqp * buf_cap * 4, "batch candidates")?;
         grow(&mut b.d_brow, nqp * buf_cap * 4, "batch candidates")?;
@@ -1380,7 +1395,7 @@ impl CudaEngine {
         let sms = self.sms;
         let fstep = self.fstep;
         let sizes = |nqt: usize| {
-            let tile = (self.tile_bytes / (nqt * 4) / fstep * fstep).clamp(fstep, 1 << 22).min(align_up(n, fstep));
+            let tile = ((if self.tile16 { self.tile16_bytes } else { self.tile_bytes }) / (nqt * 4) / fstep * fstep).clamp(fstep, 1 << 22).min(align_up(n, fstep));
             let span = align_up(tile.div_ceil((4 * sms).div_ceil(nqt).max(1)), fstep);
             let gx = tile.div_ceil(span);
             let cap = high + gx * kx;
