@@ -7,7 +7,7 @@
 //! A setting is `pipe:gemm_sms:score16[:staged[:tile_mb]]`, e.g. `0:0:0` (one stream, every SM, f32 score
 //! tiles), `1:116:0` (GEMM and filter pipelined, GEMMs on 116 SMs), `1:0:1:1` (pipelined, f16
 //! tiles, the queries in a region registered with `attach_staging`, as the server's private copy
-//! of a large request is: no staging copy).
+//! of a large request is: no staging copy). tile_mb 0 (or absent) is the default tile size.
 //! Data: uniform in [-1, 1), fresh each run; inner product; k = 10.
 use std::time::Instant;
 

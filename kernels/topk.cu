@@ -403,30 +403,13 @@ __device__ __forceinline__ bool take(const A& a, u32 i, u32 kk, const SelShared&
 }
 
 // Selects the top k of a[0..m) and writes (key,row) pairs to okey/orow; returns the count
-// (valid in every thread).
+// (valid in every thread). With `ties`, every element tied with the k-th key is taken too, at
+// most `lim` (>= k) written; S.cnt then holds how many were taken (> lim: the output is
+// incomplete and the caller reports an overflow).
 template <class A>
-__device__ u32 select_to(const A& a, u32 m, u32 k, SelShared& S, u32* okey, u32* orow) {
-    select_rule(a, m, k, S);
-    if (threadIdx.x == 0) S.cnt = 0;
-    __syncthreads();
-    for (u32 i = threadIdx.x; i < m; i += NT) {
-        u32 kk = a.key(i);
-        if (take(a, i, kk, S)) {
-            u32 p = atomicAdd(&S.cnt, 1u);
-            okey[p] = kk;
-            orow[p] = a.row(i);
-        }
-    }
-    __syncthreads();
-    return S.cnt;
-}
-
-// select_to keeping every element tied with the k-th key: writes at most `lim` (>= k) of them
-// and returns that count; S.cnt holds how many were taken (> lim: the output is incomplete and
-// the caller reports an overflow).
-template <class A>
-__device__ u32 select_ties(const A& a, u32 m, u32 k, u32 lim, SelShared& S, u32* okey, u32* orow) {
-    select_rule(a, m, k, S, true);
+__device__ u32 select_to(const A& a, u32 m, u32 k, SelShared& S, u32* okey, u32* orow, bool ties = false,
+                         u32 lim = 0xFFFFFFFFu) {
+    select_rule(a, m, k, S, ties);
     if (threadIdx.x == 0) S.cnt = 0;
     __syncthreads();
     for (u32 i = threadIdx.x; i < m; i += NT) {
@@ -449,7 +432,7 @@ template <class A>
 __device__ __forceinline__ u32 select_cut(const A& a, u32 m, u32 k, bool ties, u32 lim, u32* overflow, SelShared& S,
                                           u32* okey, u32* orow) {
     if (!ties) return select_to(a, m, k, S, okey, orow);
-    const u32 c = select_ties(a, m, k, lim, S, okey, orow);
+    const u32 c = select_to(a, m, k, S, okey, orow, true, lim);
     if (threadIdx.x == 0 && S.cnt > lim) atomicOr(overflow, 2u);
     __syncthreads();  // S.cnt is read above before the next selection resets it
     return c;

@@ -273,3 +273,49 @@ fn large_calls_are_split_or_refused() {
     // k=1000 hits need 12 KB of response: more than a slot.
     assert_eq!(s.recall(&v[..dim], 1000, &RecallOptions::default()).unwrap_err().status, Status::TooLarge);
 }
+
+/// Requests of 64 KiB and more are copied into the server's mirror (one region, for the first
+/// large request of a server batch; the others into pooled buffers). Several clients sending
+/// large batches and large upserts at once: every answer must be its own and right.
+#[test]
+fn concurrent_large_requests_each_get_their_own_answer() {
+    let name = uniq("large");
+    let dim = 64usize;
+    let s = server(&name, dim as u32, |o| {
+        o.slot_bytes = 1 << 20;
+        o.slots = 8;
+        o.capacity = 50_000;
+    });
+    let n = 4000usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    let v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let ids: Vec<u64> = (0..n as u64).collect();
+    s.upsert(&ids, &v, &UpsertOptions::default()).unwrap();
+    let v = Arc::new(v);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (name, v) = (name.clone(), v.clone());
+            std::thread::spawn(move || {
+                let c = client(&name, |_| {});
+                for round in 0..20 {
+                    // 400 queries x 64 x 4 = 100 KB: a large request. Each thread asks for other
+                    // rows, so a mixed-up answer shows as a wrong top hit.
+                    let q0 = (t * 997 + round * 131) % (n - 400);
+                    let res = c.recall_batch(&v[q0 * dim..(q0 + 400) * dim], 400, 2, &RecallOptions::default()).unwrap();
+                    for (i, hits) in res.iter().enumerate().step_by(37) {
+                        // A stored row's best match is itself (ip of random rows: |x|^2 wins by far).
+                        assert_eq!(hits[0].id, (q0 + i) as u64, "thread {t} round {round} query {i}");
+                    }
+                    // A large upsert from another thread in the same server batch: new ids.
+                    let base = 100_000 + (t * 100 + round) as u64 * 1000;
+                    let nid: Vec<u64> = (base..base + 300).collect();
+                    c.upsert(&nid, &v[..300 * dim], &UpsertOptions::default()).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(s.stats().unwrap().count, (n + 4 * 20 * 300) as u64);
+}

@@ -834,14 +834,14 @@ impl CudaEngine {
     }
 
     /// Tuning probes only: batch pipelining, the GEMMs' SM count (0 = all), f16 score tiles
-    /// (f16 storage; ignored otherwise) and the score tile's size in MB (0: unchanged).
+    /// (f16 storage; ignored otherwise) and the score tile's size in MB (0: the defaults).
     #[doc(hidden)]
     pub fn set_batch_tuning(&mut self, pipe: bool, gemm_sms: usize, score16: bool, tile_mb: usize) {
         self.pipe = pipe;
-        if tile_mb > 0 {
-            self.tile_bytes = tile_mb.clamp(4, 1024) << 20;
-            self.tile16_bytes = self.tile_bytes;
-        }
+        (self.tile_bytes, self.tile16_bytes) = match tile_mb {
+            0 => (SCORE_TILE_BYTES, SCORE16_TILE_BYTES),
+            mb => (mb.clamp(4, 1024) << 20, mb.clamp(4, 1024) << 20),
+        };
         self.gemm_sms = if gemm_sms == 0 { self.sms } else { gemm_sms.min(self.sms) };
         self.score16 = score16 && self.dtype == Dtype::F16;
     }
