@@ -510,6 +510,8 @@ pub struct CudaEngine {
     /// SMs the GEMMs of a pipelined batch may use (cublasSetSmCountTarget; 0 = all), leaving
     /// the rest to the filters (`KALOS_GEMM_SMS`).
     gemm_sms: usize,
+    /// The handle's current SM count target (0 = all, the cuBLAS default).
+    sm_target: i32,
     blas: cb::cublasHandle_t,
     cc: (i32, i32),
     sms: usize,
@@ -772,6 +774,7 @@ impl CudaEngine {
             ev,
             pipe: !std::env::var("KALOS_BATCH_PIPE").is_ok_and(|v| v == "0"),
             gemm_sms: std::env::var("KALOS_GEMM_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(sms.saturating_sub(FILTER_SMS)).min(sms),
+            sm_target: 0,
             blas,
             cc: (cc.0, cc.1),
             sms,
@@ -1416,8 +1419,13 @@ impl CudaEngine {
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
         let d_scores2 = b.d_scores2.ptr;
         let sm_target = if pipe && self.gemm_sms < self.sms { self.gemm_sms as i32 } else { 0 };
-        // SAFETY: a plain setting of the engine's cuBLAS handle (0 = every SM).
-        ckb("cublasSetSmCountTarget", unsafe { cb::cublasSetSmCountTarget(self.blas, sm_target) })?;
+        if sm_target != self.sm_target {
+            // Only when KALOS_GEMM_SMS asks for it (no gain measured): the default path never
+            // calls it, so a cuBLAS without the symbol cannot fail a batch.
+            // SAFETY: a plain setting of the engine's cuBLAS handle (0 = every SM).
+            ckb("cublasSetSmCountTarget", unsafe { cb::cublasSetSmCountTarget(self.blas, sm_target) })?;
+            self.sm_target = sm_target;
+        }
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let (d_thr, d_ovf) = (b.d_thr.ptr, b.d_overflow.ptr);
