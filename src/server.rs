@@ -412,10 +412,7 @@ impl Server {
             if let Some(m) = self.mirror.as_mut().filter(|_| len >= MIRROR_MIN_BYTES && !self.mirror_used) {
                 self.mirror_used = true;
                 let dst = &mut m[..len];
-                // SAFETY: the source lies within slot i's data area (len <= data_bytes); the bytes
-                // may be changed concurrently by a misbehaving peer: they are copied once and only
-                // the private copy is parsed.
-                unsafe { std::ptr::copy_nonoverlapping(seg.slot_data(i), dst.as_mut_ptr(), len) };
+                seg.copy_data(i, dst);
                 self.batch.push(Pending { slot: i, word: p, req: Vec::new(), ext: Some((dst.as_ptr(), len)) });
                 continue;
             }
@@ -494,7 +491,8 @@ impl Server {
             }
             let mut buf = p.req;
             buf.clear();
-            if self.free_bufs.len() < 256 {
+            // (A request copied into the mirror leaves an empty vector: nothing to pool.)
+            if buf.capacity() > 0 && self.free_bufs.len() < 256 {
                 self.free_bufs.push(buf);
             }
         }

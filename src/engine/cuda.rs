@@ -82,9 +82,6 @@ pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
 /// they meet near 4k rows × 128 (2 MiB, ~128 KiB a participant).
 /// `KALOS_GPU_MIN_SPLIT_BYTES` overrides it (0: the pool never takes a GPU-sized table).
 const CPU_SPLIT_BYTES_PER_THREAD: usize = 128 << 10;
-/// SMs left to the filters while a pipelined batch's GEMMs run (cublasSetSmCountTarget:
-/// the GEMMs take the others); `KALOS_GEMM_SMS` sets the GEMMs' count instead.
-const FILTER_SMS: usize = 0;
 /// Largest k answered from f16 score tiles (their cuts keep up to 2k tied rows per filter block).
 const SCORE16_MAX_K: usize = 256;
 
@@ -603,6 +600,11 @@ fn filter_smem(kx: usize, fstep: usize) -> usize {
     (2 * kx + fstep * 3 / 2) * 8
 }
 
+/// A score tile size given in MB (`KALOS_TILE_MB`, tuning probes), within 4 MB..1 GB.
+fn tile_mb_bytes(mb: usize) -> usize {
+    mb.clamp(4, 1024) << 20
+}
+
 fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
@@ -742,6 +744,7 @@ impl CudaEngine {
         let stage_rows = ((16usize << 20) / (dim * 4 + 48)).max(1);
         let stage_bytes = stage_rows * (dim * 4 + 48) + 1024;
         let cpu = CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns);
+        let tile_mb = std::env::var("KALOS_TILE_MB").ok().and_then(|v| v.parse::<usize>().ok());
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
             _module: module.clone(),
@@ -757,14 +760,8 @@ impl CudaEngine {
             score16_overflows: 0,
             f_tighten,
             f_final,
-            tile_bytes: std::env::var("KALOS_TILE_MB")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(SCORE_TILE_BYTES, |mb| mb.clamp(4, 1024) << 20),
-            tile16_bytes: std::env::var("KALOS_TILE_MB")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(SCORE16_TILE_BYTES, |mb| mb.clamp(4, 1024) << 20),
+            tile_bytes: tile_mb.map_or(SCORE_TILE_BYTES, tile_mb_bytes),
+            tile16_bytes: tile_mb.map_or(SCORE16_TILE_BYTES, tile_mb_bytes),
             fstep,
             batch_profile: std::env::var_os("KALOS_BATCH_PROFILE").is_some(),
             f_scatter,
@@ -773,7 +770,7 @@ impl CudaEngine {
             fstream,
             ev,
             pipe: !std::env::var("KALOS_BATCH_PIPE").is_ok_and(|v| v == "0"),
-            gemm_sms: std::env::var("KALOS_GEMM_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(sms.saturating_sub(FILTER_SMS)).min(sms),
+            gemm_sms: std::env::var("KALOS_GEMM_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(sms).min(sms),
             sm_target: 0,
             blas,
             cc: (cc.0, cc.1),
@@ -843,7 +840,7 @@ impl CudaEngine {
         self.pipe = pipe;
         (self.tile_bytes, self.tile16_bytes) = match tile_mb {
             0 => (SCORE_TILE_BYTES, SCORE16_TILE_BYTES),
-            mb => (mb.clamp(4, 1024) << 20, mb.clamp(4, 1024) << 20),
+            mb => (tile_mb_bytes(mb), tile_mb_bytes(mb)),
         };
         self.gemm_sms = if gemm_sms == 0 { self.sms } else { gemm_sms.min(self.sms) };
         self.score16 = score16 && self.dtype == Dtype::F16;

@@ -479,13 +479,29 @@ impl Segment {
         let len = len.min(self.data_bytes());
         dst.clear();
         dst.reserve(len);
-        // SAFETY: source lies within slot i's data area (len ≤ data_bytes); dst has capacity
-        // `len`. The bytes may be changed concurrently by a misbehaving peer; we copy them once
-        // and only ever parse the private copy.
+        // SAFETY: dst has capacity `len` (reserved above), and the copy initialises all of it.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.slot_data(i), dst.as_mut_ptr(), len);
+            self.copy_out(i, dst.as_mut_ptr(), len);
             dst.set_len(len);
         }
+    }
+
+    /// Copies the first `dst.len()` bytes of slot `i`'s data area into `dst` (at most the data
+    /// area's length).
+    pub fn copy_data(&self, i: usize, dst: &mut [u8]) {
+        let len = dst.len().min(self.data_bytes());
+        // SAFETY: dst is a distinct writable slice of at least `len` bytes.
+        unsafe { self.copy_out(i, dst.as_mut_ptr(), len) };
+    }
+
+    /// # Safety
+    /// `dst` must be valid for `len` writes and not overlap the segment; `len <= data_bytes()`.
+    unsafe fn copy_out(&self, i: usize, dst: *mut u8, len: usize) {
+        debug_assert!(len <= self.data_bytes());
+        // SAFETY: the source lies within slot i's data area (len <= data_bytes, the caller's
+        // contract), dst is the caller's. The bytes may be changed concurrently by a misbehaving
+        // peer; we copy them once and only ever parse the private copy.
+        unsafe { std::ptr::copy_nonoverlapping(self.slot_data(i), dst, len) };
     }
 
     /// Copies `src` into slot `i`'s data area at `offset`. Panics if it would overflow (callers
