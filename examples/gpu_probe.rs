@@ -4,10 +4,11 @@
 //!
 //!   cargo run --release --example gpu_probe -- [n] [dim] [f32|f16|bf16] [nq] [setting ...]
 //!
-//! A setting is `pipe:gemm_sms:score16[:staged[:tile_mb]]`, e.g. `0:0:0` (one stream, every SM, f32 score
+//! A setting is `pipe:gemm_sms:score16[:staged[:tile_mb[:fseg]]]`, e.g. `0:0:0` (one stream, every SM, f32 score
 //! tiles), `1:116:0` (GEMM and filter pipelined, GEMMs on 116 SMs), `1:0:1:1` (pipelined, f16
 //! tiles, the queries in a region registered with `attach_staging`, as the server's private copy
-//! of a large request is: no staging copy). tile_mb 0 (or absent) is the default tile size.
+//! of a large request is: no staging copy). tile_mb 0 (or absent) is the default tile size;
+//! fseg is the filter's cruise segment in steps (absent: 16, the default; 0: off).
 //! Data: uniform in [-1, 1), fresh each run; inner product; k = 10.
 use std::time::Instant;
 
@@ -28,16 +29,16 @@ fn main() {
         _ => Dtype::F16,
     };
     let nq: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(1024);
-    let settings: Vec<(bool, usize, bool, bool, usize)> = if a.len() > 5 {
+    let settings: Vec<(bool, usize, bool, bool, usize, u32)> = if a.len() > 5 {
         a[5..]
             .iter()
             .map(|s| {
                 let p: Vec<usize> = s.split(':').map(|x| x.parse().expect("setting pipe:gemm_sms:score16")).collect();
-                (p[0] != 0, p.get(1).copied().unwrap_or(0), p.get(2).copied().unwrap_or(0) != 0, p.get(3).copied().unwrap_or(0) != 0, p.get(4).copied().unwrap_or(0))
+                (p[0] != 0, p.get(1).copied().unwrap_or(0), p.get(2).copied().unwrap_or(0) != 0, p.get(3).copied().unwrap_or(0) != 0, p.get(4).copied().unwrap_or(0), p.get(5).map_or(16, |&x| x as u32))
             })
             .collect()
     } else {
-        vec![(false, 0, false, false, 0), (true, 0, false, false, 0)]
+        vec![(false, 0, false, false, 0, 16), (true, 0, false, false, 0, 16)]
     };
     let k = 10;
     let t0 = Instant::now();
@@ -76,8 +77,8 @@ fn main() {
     // SAFETY: the region holds qs.len() f32 values (page-aligned, copied from qs above).
     let qs_reg: &[f32] = unsafe { std::slice::from_raw_parts(reg.as_ptr() as *const f32, qs.len()) };
     let mut base: Option<Vec<Vec<Hit>>> = None;
-    for &(pipe, sms, h16, staged, tile_mb) in &settings {
-        e.set_batch_tuning(pipe, sms, h16, tile_mb);
+    for &(pipe, sms, h16, staged, tile_mb, fseg) in &settings {
+        e.set_batch_tuning(pipe, sms, h16, tile_mb, fseg);
         let q = if staged && registered { qs_reg } else { &qs[..] };
         let req = SearchRequest { queries: q, nq, k, filter: &all, recency: None, now_ms: 0, direct: None };
         let mut out = Vec::new();
@@ -112,12 +113,13 @@ fn main() {
             }
         };
         println!(
-            "gpu_probe pipe={} gemm_sms={} score16={} staged={} tile_mb={}: batch p50 {wall:.3} ms (engine {eng:.3} ms, min {:.3}), {:.1}k queries/s; vs first setting: {diff} of {nq} queries differ, recall {recall:.4}",
+            "gpu_probe pipe={} gemm_sms={} score16={} staged={} tile_mb={} fseg={}: batch p50 {wall:.3} ms (engine {eng:.3} ms, min {:.3}), {:.1}k queries/s; vs first setting: {diff} of {nq} queries differ, recall {recall:.4}",
             pipe as u8,
             if sms == 0 { e.sm_count() } else { sms },
             h16 as u8,
             (staged && registered) as u8,
             tile_mb,
+            fseg,
             times[0].0,
             nq as f64 / wall * 1e3 / 1e3,
         );

@@ -107,7 +107,7 @@ struct Params {
     u32 grid;     // blocks taking part (single-query kernel)
     u32 chunk;    // rows per block
     u32 ntiles;   // batched path: candidate blocks per query = ntiles * grid
-    u32 tile;     // batched path: index of this tile
+    u32 fseg;     // batch_filter: steps per cruise segment (<= 1: a barrier every step)
     u32 seq;      // single query: sequence number published after the results
     float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
     u64 ns[MAXNS];
@@ -1105,7 +1105,7 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
-    __shared__ u32 nsurv;
+    __shared__ u32 nsurv, lost;
     const int t = threadIdx.x, lane = t & 31;
     const u32 q = blockIdx.y;
     const u32 l0 = min(rows, blockIdx.x * span), l1 = min(rows, l0 + span);
@@ -1136,19 +1136,10 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
     u32* crow = ckey + sb;
     u32* skey = crow + sb;   // selection output (kx entries)
     u32* srow = skey + kx;
-    for (u32 base = l0; base < l1; base += FSTEP) {  // uniform across the block
-        __syncthreads();  // the last step's appends are done; thread 0 decides for the block
-        if (__syncthreads_or(t == 0 && nsurv + FSTEP > sb)) {  // make room: keep the top k, raise the bound
-            SmemAcc a{ckey, crow, T.ids};
-            const u32 c = select_cut(a, nsurv, k, ties, kx, overflow, S, skey, srow);
-            for (u32 i = t; i < c; i += NT) {
-                ckey[i] = skey[i];
-                crow[i] = srow[i];
-            }
-            lb = max(lb, raise_bound(skey, c, k, thr + q, S));
-            if (t == 0) nsurv = c;
-            __syncthreads();
-        }
+    // One step: FSTEP rows from `base` (uniform across the block). In cruise mode (`cruise`)
+    // no barrier is taken: a warp reserves room for its survivors with one shared atomic, and a
+    // survivor that does not fit sets `lost` (the caller then redoes the segment step by step).
+    auto step = [&](u32 base, bool cruise) {
         uint4 v[FV];
 #pragma unroll
         for (int u = 0; u < FV; u++) v[u] = nv[0][u];
@@ -1186,7 +1177,7 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
                 }
             }
         }
-        if (!__any_sync(FULLMASK, maybe)) continue;
+        if (!__any_sync(FULLMASK, maybe)) return;
 #pragma unroll
         for (int u = 0; u < FV; u++) {
             float e[SV];
@@ -1208,11 +1199,55 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
                     if (lane == __ffs(m) - 1) pos = atomicAdd(&nsurv, (u32)__popc(m));
                     pos = __shfl_sync(FULLMASK, pos, __ffs(m) - 1) + __popc(m & ((1u << lane) - 1u));
                     if (keep) {
-                        ckey[pos] = kk;
-                        crow[pos] = row0 + i;
+                        if (!cruise || pos < sb) {
+                            ckey[pos] = kk;
+                            crow[pos] = row0 + i;
+                        } else {
+                            lost = 1u;
+                        }
                     }
                 }
             }
+        }
+    };
+    // Steps are taken one at a time with a barrier each (the block decides whether to cut its
+    // survivors first) until the bound is known; then, without filters, in cruise segments of
+    // P.fseg steps with no barrier inside: after the first tiles nearly every warp of a step
+    // rejects all its rows, and the two barriers a step cost more than the compares. A segment
+    // whose survivors outgrow the free slots is discarded (nsurv back to its start) and redone
+    // step by step, so no row is lost or counted twice.
+    u32 hunt_until = l0;  // no cruise before this row (a segment being redone)
+    for (u32 base = l0; base < l1;) {  // uniform across the block
+        __syncthreads();  // the last step's appends are done; thread 0 decides for the block
+        if (t == 0) lost = 0u;
+        if (__syncthreads_or(t == 0 && nsurv + FSTEP > sb)) {  // make room: keep the top k, raise the bound
+            SmemAcc a{ckey, crow, T.ids};
+            const u32 c = select_cut(a, nsurv, k, ties, kx, overflow, S, skey, srow);
+            for (u32 i = t; i < c; i += NT) {
+                ckey[i] = skey[i];
+                crow[i] = srow[i];
+            }
+            lb = max(lb, raise_bound(skey, c, k, thr + q, S));
+            if (t == 0) nsurv = c;
+            __syncthreads();
+        }
+        const u32 seg = P.fseg;
+        const bool cruise = seg > 1u && plain && lb != 0u && base >= hunt_until;
+        const u32 s0 = nsurv, end = cruise ? min(l1, base + seg * FSTEP) : base + FSTEP;
+        for (u32 b = base; b < end && b < l1; b += FSTEP) step(b, cruise);
+        if (!cruise) {
+            base = end;
+            continue;
+        }
+        __syncthreads();
+        if (lost) {  // redo [base, end) step by step, from a reloaded pipeline
+            __syncthreads();  // every thread has read `lost`
+            if (t == 0) nsurv = s0;
+#pragma unroll
+            for (int d = 0; d < FPD; d++) load_step(nv[d], base + (u32)d * FSTEP);
+            hunt_until = end;
+        } else {
+            base = end;
         }
     }
     __syncthreads();

@@ -63,6 +63,9 @@ const CAND_BYTES: usize = 256 << 20;
 /// FU=2 with two steps in flight (FPD) and 5 blocks per SM (FMINB) beat FU=4 and FU=8 on the
 /// H200 (steady-state filter 1.33 ms against 1.58 and 2.52 for 1024 x 1M f16).
 const FILTER_FU: usize = 2;
+/// Filter steps per cruise segment (no barrier inside; `Params::fseg`, kernels/topk.cu
+/// batch_filter_body); `KALOS_FILTER_SEG` overrides, 0 or 1 turns cruising off.
+const FILTER_SEG: u32 = 16;
 /// Fewest rows per single-query block (`KALOS_MIN_ROWS` overrides): small tables get more,
 /// smaller blocks, each scanning its rows in one or two rounds of loads and selecting by rank
 /// (64 beat 256 and 32 for 10k x 128 on the H200: GPU round trip 19.7 against 23.2 and 20.8 us).
@@ -100,7 +103,8 @@ struct Params {
     grid: u32,
     chunk: u32,
     ntiles: u32,
-    tile: u32,
+    /// batch_filter: steps per cruise segment, no barrier inside (<= 1: a barrier every step).
+    fseg: u32,
     seq: u32,
     qscale: f32,
     ns: [u64; MAX_FILTER_NAMESPACES],
@@ -504,6 +508,8 @@ pub struct CudaEngine {
     ev: [sys::CUevent; 4],
     /// Pipelined batches (`KALOS_BATCH_PIPE=0` turns it off).
     pipe: bool,
+    /// Filter steps per cruise segment (`FILTER_SEG`).
+    filter_seg: u32,
     /// SMs the GEMMs of a pipelined batch may use (cublasSetSmCountTarget; 0 = all), leaving
     /// the rest to the filters (`KALOS_GEMM_SMS`).
     gemm_sms: usize,
@@ -770,6 +776,7 @@ impl CudaEngine {
             fstream,
             ev,
             pipe: !std::env::var("KALOS_BATCH_PIPE").is_ok_and(|v| v == "0"),
+            filter_seg: std::env::var("KALOS_FILTER_SEG").ok().and_then(|v| v.parse().ok()).unwrap_or(FILTER_SEG),
             gemm_sms: std::env::var("KALOS_GEMM_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(sms).min(sms),
             sm_target: 0,
             blas,
@@ -834,10 +841,12 @@ impl CudaEngine {
     }
 
     /// Tuning probes only: batch pipelining, the GEMMs' SM count (0 = all), f16 score tiles
-    /// (f16 storage; ignored otherwise) and the score tile's size in MB (0: the defaults).
+    /// (f16 storage; ignored otherwise), the score tile's size in MB (0: the defaults) and the
+    /// filter's cruise segment in steps (0 or 1: off).
     #[doc(hidden)]
-    pub fn set_batch_tuning(&mut self, pipe: bool, gemm_sms: usize, score16: bool, tile_mb: usize) {
+    pub fn set_batch_tuning(&mut self, pipe: bool, gemm_sms: usize, score16: bool, tile_mb: usize, filter_seg: u32) {
         self.pipe = pipe;
+        self.filter_seg = filter_seg;
         (self.tile_bytes, self.tile16_bytes) = match tile_mb {
             0 => (SCORE_TILE_BYTES, SCORE16_TILE_BYTES),
             mb => (tile_mb_bytes(mb), tile_mb_bytes(mb)),
@@ -1084,7 +1093,7 @@ impl CudaEngine {
             grid,
             chunk,
             ntiles: 1,
-            tile: 0,
+            fseg: self.filter_seg,
             seq: 0,
             qscale: 1.0,
             ns: [0; MAX_FILTER_NAMESPACES],

@@ -410,6 +410,42 @@ def suite_score16(n=100_000, dim=256, nq=64):
         finish(tag, st, ok, got=res[0][0].tolist(), want=want.tolist(), scores=res[0][1].tolist())
 
 
+def suite_cruise(n=300_000, dim=64):
+    """The batch filter's cruise segments (kernels/topk.cu, batch_filter_body: several steps with
+    no barrier once a query's bound is known). Rows whose scores rise strictly along the table
+    make nearly every row pass the bound, so a segment's survivors outgrow its free slots and it
+    is redone step by step; scores falling along the table make every segment reject all rows.
+    Both, and random queries, must give the float64 ranking (f32 and f16 storage, ip and l2), with
+    the store on the GPU and no fallback."""
+    for dtype, metric in ((F32, IP), (F16, IP), (F32, L2)):
+        tag = "cruise/%s/%s" % (["f32", "f16", "bf16"][dtype], ["ip", "cos", "l2"][metric])
+        st = open_store(dim, metric, dtype=dtype)
+        ref = Ref(dim, metric)
+        v = rng.standard_normal(dim)
+        v /= np.linalg.norm(v)
+        N = rng.standard_normal((n, dim))
+        N -= np.outer(N @ v, v)  # noise orthogonal to v: no effect on the score against v
+        N *= 0.5 / np.linalg.norm(N, axis=1, keepdims=True)  # constant norm: none on l2 either
+        X = (N + np.outer(4.0 * np.arange(n) / n, v)).astype(np.float32)
+        if dtype == F16:
+            X = X.astype(np.float16).astype(np.float32)
+        ids = rng.permutation(np.arange(1, 2 * n + 1, dtype=np.uint64))[:n]  # row order is not id order
+        load_rows(st, ref, ids, X)
+        qv = (8.0 if metric == L2 else 4.0) * v
+        Q = np.stack([qv, -qv, qv + 0.01 * rng.standard_normal(dim)] + [rng.standard_normal(dim) for _ in range(5)])
+        Q = Q.astype(np.float32)
+        if dtype == F16:
+            Q = Q.astype(np.float16).astype(np.float32)  # exact in f16, as the GEMM takes them
+        for k in (10, 100):
+            res = st.recall_batch(Q, k)
+            for i in range(len(Q)):
+                check("%s/batch/k=%d/q%d" % (tag, k, i), ref, Q[i], res[i], k)
+        sts = st.stats()
+        record(tag + "/engine", BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0),
+               engine=sts.engine_name.decode(), fallbacks=int(sts.engine_fallbacks))
+        st.close()
+
+
 def suite_oom():
     dim = 128
     st = open_store(dim, IP, gpu_memory_bytes=4 << 20)
@@ -488,6 +524,7 @@ def main():
         ("lifecycle", suite_expiry_recency),
         ("lowp", lambda: [suite_lowp(F16), suite_lowp(BF16), suite_lowp(F32, n=100_000)]),
         ("score16", suite_score16),
+        ("cruise", suite_cruise),
         ("oom", suite_oom),
         ("fault", suite_fault_and_auto),
     ]
