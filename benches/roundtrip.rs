@@ -219,7 +219,7 @@ fn scan_times(e: &mut CpuEngine, st: &Store, qs: &[f32], nq: usize, iters: usize
     let mut lat = Vec::with_capacity(iters);
     for i in 0..iters + 3 {
         let q0 = (i * nq) % (NQ - nq + 1);
-        let req = SearchRequest { queries: &qs[q0 * dim..(q0 + nq) * dim], nq, k: K, filter: &f, recency: None, now_ms: 0, direct: None };
+        let req = SearchRequest { queries: &qs[q0 * dim..(q0 + nq) * dim], nq, k: K, filter: &f, recency: None, now_ms: 0, direct: None, slot: None };
         let t0 = Instant::now();
         e.search(st, &req, &mut out).unwrap();
         if i >= 3 {
@@ -370,7 +370,7 @@ fn main() {
             // Top-10 ids of query 0 for the peers to compare.
             let f = Filter::all();
             let mut out = Vec::new();
-            en.search(&st, &SearchRequest { queries: &qs[..cfg.dim], nq: 1, k: K, filter: &f, recency: None, now_ms: 0, direct: None }, &mut out).unwrap();
+            en.search(&st, &SearchRequest { queries: &qs[..cfg.dim], nq: 1, k: K, filter: &f, recency: None, now_ms: 0, direct: None, slot: None }, &mut out).unwrap();
             let ids: Vec<u64> = out[0].iter().map(|h| h.id).collect();
             kalos::npy::write_u64(&dir.join(format!("{}_ids.npy", cfg.tag)), &ids).unwrap();
             drop(st);

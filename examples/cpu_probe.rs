@@ -49,7 +49,7 @@ fn main() {
         let mut lat = Vec::new();
         for i in 0..iters {
             let q = &qs[(i % 64) * dim..(i % 64 + 1) * dim];
-            let rq = SearchRequest { queries: q, nq: 1, k: 10, filter: &all, recency: None, now_ms: 0, direct: None };
+            let rq = SearchRequest { queries: q, nq: 1, k: 10, filter: &all, recency: None, now_ms: 0, direct: None, slot: None };
             let t0 = Instant::now();
             e.search(&st, &rq, &mut out).unwrap();
             if i >= warm {

@@ -80,7 +80,7 @@ fn main() {
     for &(pipe, sms, h16, staged, tile_mb, fseg) in &settings {
         e.set_batch_tuning(pipe, sms, h16, tile_mb, fseg);
         let q = if staged && registered { qs_reg } else { &qs[..] };
-        let req = SearchRequest { queries: q, nq, k, filter: &all, recency: None, now_ms: 0, direct: None };
+        let req = SearchRequest { queries: q, nq, k, filter: &all, recency: None, now_ms: 0, direct: None, slot: None };
         let mut out = Vec::new();
         let mut times = Vec::new();
         for i in 0..14 {

@@ -219,6 +219,10 @@ struct Pending {
     /// A large request's private copy in the server's mirror (start, length) instead of `req`
     /// (see `Server::mirror`).
     ext: Option<(*const u8, usize)>,
+    /// A large recall whose queries stay in the client's slot: `req` holds a private copy of
+    /// its first bytes (the header, and then some of the queries, which are ignored) and this is
+    /// the whole request's length. See `Server::collect`.
+    slot_len: Option<usize>,
 }
 
 impl Pending {
@@ -245,6 +249,9 @@ impl Pending {
 /// Requests of at least this many bytes are copied into the mirror (a batch of queries) rather
 /// than into a pooled vector.
 const MIRROR_MIN_BYTES: usize = 64 << 10;
+/// The longest recall header: op, k, nq, flags, namespace count, recency weight and half-life,
+/// and at most MAX_FILTER_NAMESPACES namespaces.
+const RECALL_HEADER_MAX: usize = 32 + 8 * MAX_FILTER_NAMESPACES;
 
 struct RecallJob {
     idx: usize, // index into batch
@@ -264,6 +271,9 @@ pub(crate) struct Server {
     /// Dropped after the engine, which unregisters it.
     mirror: Option<memmap2::MmapMut>,
     mirror_used: bool,
+    /// Large ip/l2 recalls leave their queries in the client's slot (the engine said it takes
+    /// them: `Engine::takes_slot_queries`); re-read whenever the engine changes.
+    slot_queries: bool,
     seg: Arc<Segment>,
     opts: Options,
     store: Store,
@@ -299,9 +309,11 @@ impl Server {
         if let Some(m) = mirror.as_mut() {
             engine.attach_staging(m.as_mut_ptr(), m.len());
         }
+        let slot_queries = engine.takes_slot_queries() && metric != Metric::Cosine;
         Server {
             mirror,
             mirror_used: false,
+            slot_queries,
             seg,
             opts,
             store,
@@ -409,16 +421,27 @@ impl Server {
                 continue;
             }
             let len = (slot.req_len.load(Ordering::Acquire) as usize).min(seg.data_bytes());
+            if len >= MIRROR_MIN_BYTES && self.slot_queries {
+                // A large recall for an engine that copies queries from the slot itself (the CUDA
+                // engine, by DMA, checking them on the device): only the header is copied here.
+                let mut buf = self.free_bufs.pop().unwrap_or_default();
+                seg.read_data(i, &mut buf, RECALL_HEADER_MAX);
+                if buf.get(..4).is_some_and(|b| u32::from_le_bytes(b.try_into().unwrap()) == OP_RECALL) {
+                    self.batch.push(Pending { slot: i, word: p, req: buf, ext: None, slot_len: Some(len) });
+                    continue;
+                }
+                self.free_bufs.push(buf);
+            }
             if let Some(m) = self.mirror.as_mut().filter(|_| len >= MIRROR_MIN_BYTES && !self.mirror_used) {
                 self.mirror_used = true;
                 let dst = &mut m[..len];
                 seg.copy_data(i, dst);
-                self.batch.push(Pending { slot: i, word: p, req: Vec::new(), ext: Some((dst.as_ptr(), len)) });
+                self.batch.push(Pending { slot: i, word: p, req: Vec::new(), ext: Some((dst.as_ptr(), len)), slot_len: None });
                 continue;
             }
             let mut buf = self.free_bufs.pop().unwrap_or_default();
             seg.read_data(i, &mut buf, len);
-            self.batch.push(Pending { slot: i, word: p, req: buf, ext: None });
+            self.batch.push(Pending { slot: i, word: p, req: buf, ext: None, slot_len: None });
         }
         self.queue_depth = self.batch.len() as u64;
         self.batch.len()
@@ -582,6 +605,7 @@ impl Server {
             let mut cpu: Box<dyn Engine> = Box::new(CpuEngine::for_server(self.opts.threads as usize, self.opts.server_spin_ns));
             let _ = cpu.sync(&self.store, &[]);
             self.engine = cpu;
+            self.slot_queries = false;
         }
     }
 
@@ -776,6 +800,8 @@ impl Server {
             recency: Option<Recency>,
             // A lone request's queries are read in place from its (private) request copy.
             queries: Cow<'a, [f32]>,
+            /// Or, for a large ip/l2 batch, left in the client's slot (`queries` is then empty).
+            slot: Option<SlotQueries>,
             jobs: Vec<RecallJob>,
             k: usize,
         }
@@ -788,7 +814,7 @@ impl Server {
             if p.op() != OP_RECALL {
                 continue;
             }
-            let parsed = (|| -> Result<(usize, usize, u32, Filter, Option<Recency>, Cow<'_, [f32]>)> {
+            let parsed = (|| -> Result<(usize, usize, u32, Filter, Option<Recency>, Cow<'_, [f32]>, Option<SlotQueries>)> {
                 let mut r = Reader::new(p.body());
                 let k = r.u32("k")? as usize;
                 check_k(k)?;
@@ -816,11 +842,21 @@ impl Server {
                     Some(Recency { weight: w, half_life_ms: hl })
                 };
                 let nvals = nq.checked_mul(self.dim).ok_or_else(|| Error::new(Status::InvalidArgument, "size overflow"))?;
-                if r.remaining() != nvals * 4 {
+                // Query bytes: the rest of the private copy, or of the slot for queries left there.
+                let head = p.body().len() - r.remaining();
+                let qbytes = p.slot_len.map_or(r.remaining(), |len| len - 4 - head);
+                if qbytes != nvals * 4 {
                     return Err(Error::new(
                         Status::DimensionMismatch,
-                        format!("recall carries {} query bytes; {nq} queries of dimension {} need {}", r.remaining(), self.dim, nvals * 4),
+                        format!("recall carries {qbytes} query bytes; {nq} queries of dimension {} need {}", self.dim, nvals * 4),
                     ));
+                }
+                if p.slot_len.is_some() {
+                    // SAFETY: 4 + head + qbytes == slot_len <= the slot's data size (collect
+                    // clamps it), so the range lies in slot p.slot's data area; only its address
+                    // is taken here (SlotQueries reads it by DMA or by a private copy).
+                    let ptr = unsafe { self.seg.slot_data(p.slot).add(4 + head) } as *const u8;
+                    return Ok((k, nq, flags, filter, recency, Cow::Borrowed(&[][..]), Some(SlotQueries { ptr, len: nvals })));
                 }
                 let mut q = r.f32s_cow(nvals, "queries")?;
                 check_finite(&q, "query")?;
@@ -834,22 +870,27 @@ impl Server {
                         row.iter_mut().for_each(|x| *x *= inv);
                     }
                 }
-                Ok((k, nq, flags, filter, recency, q))
+                Ok((k, nq, flags, filter, recency, q, None))
             })();
             match parsed {
                 Err(e) => results[i] = Some(Reply::Body(e.status, e.message.into_bytes())),
-                Ok((k, nq, flags, filter, recency, q)) => {
+                Ok((k, nq, flags, filter, recency, _, Some(sq))) => {
+                    // Queries left in the slot: a group of their own (nothing can be appended).
+                    groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), slot: Some(sq), jobs: Vec::new(), k });
+                    groups.last_mut().unwrap().jobs.push(RecallJob { idx: i, k, nq, flags, q_off: 0 });
+                }
+                Ok((k, nq, flags, filter, recency, q, None)) => {
                     let key = (filter.namespaces.clone(), recency.map_or(0, |r| r.weight.to_bits()), recency.map_or(0, |r| r.half_life_ms.to_bits()));
                     let gi = if groups.is_empty() {
                         first_key = Some(key);
-                        groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), jobs: Vec::new(), k: 0 });
+                        groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), slot: None, jobs: Vec::new(), k: 0 });
                         0
                     } else {
                         if let Some(fk) = first_key.take() {
                             keymap.insert(fk, 0);
                         }
                         *keymap.entry(key).or_insert_with(|| {
-                            groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), jobs: Vec::new(), k: 0 });
+                            groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), slot: None, jobs: Vec::new(), k: 0 });
                             groups.len() - 1
                         })
                     };
@@ -869,7 +910,7 @@ impl Server {
         // Result vectors are kept in the server between batches so the engine reuses them.
         let mut out: Vec<Vec<Hit>> = std::mem::take(&mut self.search_out);
         for g in groups {
-            let nq = g.queries.len() / self.dim;
+            let nq = g.slot.map_or(g.queries.len(), |sq| sq.len) / self.dim;
             // A lone single query without payloads: the engine may write the response body into
             // the client's slot itself (the slot stays this request's until it is published or,
             // if abandoned, released by this thread).
@@ -881,10 +922,12 @@ impl Server {
                 }),
                 _ => None,
             };
-            let req = SearchRequest { queries: &g.queries, nq, k: g.k, filter: &g.filter, recency: g.recency, now_ms: now, direct: dout.as_ref() };
+            let req = SearchRequest { queries: &g.queries, nq, k: g.k, filter: &g.filter, recency: g.recency, now_ms: now, direct: dout.as_ref(), slot: g.slot };
             let mut r = self.engine.search(&self.store, &req, &mut out);
             if let Err(e) = &r {
-                if self.engine.kind() != EngineKind::Cpu {
+                // NonFinite: slot queries the engine found bad on the device (the request's
+                // error; the engine is fine).
+                if self.engine.kind() != EngineKind::Cpu && e.status != Status::NonFinite {
                     self.engine_failed(e.clone());
                     r = self.engine.search(&self.store, &req, &mut out);
                 }

@@ -219,6 +219,39 @@ pub struct SearchRequest<'a> {
     /// A single query's response body may be written straight into the client's slot here
     /// (engines that can do so say how many bytes they wrote; see [`DirectOut`]).
     pub direct: Option<&'a DirectOut>,
+    /// When set, `queries` is empty and the `nq * dim` query values are still in the client's
+    /// slot (see [`SlotQueries`]): only for engines that said they take them
+    /// (`Engine::takes_slot_queries`), and only for large batches of ip or l2 queries.
+    pub slot: Option<SlotQueries>,
+}
+
+/// A batch's query values left in the client's slot instead of being copied into the server's
+/// memory: the CUDA engine copies them to the device by DMA and checks them there. The memory is
+/// shared with a client that may change it at any time, so it is never read through a Rust
+/// reference: only by DMA or by [`SlotQueries::copy_checked`], and every check applies to the
+/// copy that is then used (a client changing its slot during the request changes its own answer,
+/// nothing else).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotQueries {
+    /// Host address of the first value (inside the shared-memory segment, 4-byte aligned).
+    pub ptr: *const u8,
+    /// Number of f32 values.
+    pub len: usize,
+}
+
+impl SlotQueries {
+    /// A private copy of the values, checked finite (engines that cannot read the slot
+    /// themselves, or that answer this batch on the CPU).
+    pub fn copy_checked(&self) -> crate::error::Result<Vec<f32>> {
+        let mut v = vec![0f32; self.len];
+        // SAFETY: the server built `ptr`/`len` from a slot's data area, bounds-checked against
+        // the slot's size, and the segment stays mapped while the request is served. The client
+        // may write these bytes concurrently: a byte-wise copy of plain f32 data cannot fault,
+        // and only the private copy is checked and used.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr() as *mut u8, self.len * 4) };
+        check_finite(&v, "query")?;
+        Ok(v)
+    }
 }
 
 /// Where an engine may write a single query's recall response body itself (wire format of

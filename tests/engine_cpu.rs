@@ -151,7 +151,7 @@ fn run(e: &mut CpuEngine, st: &Store, req: &SearchRequest<'_>) -> Vec<Vec<Hit>> 
 }
 
 fn req<'a>(q: &'a [f32], nq: usize, k: usize, f: &'a Filter) -> SearchRequest<'a> {
-    SearchRequest { queries: q, nq, k, filter: f, recency: None, now_ms: NOW, direct: None }
+    SearchRequest { queries: q, nq, k, filter: f, recency: None, now_ms: NOW, direct: None, slot: None }
 }
 
 #[test]

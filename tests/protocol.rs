@@ -319,3 +319,103 @@ fn concurrent_large_requests_each_get_their_own_answer() {
     }
     assert_eq!(s.stats().unwrap().count, (n + 4 * 20 * 300) as u64);
 }
+
+/// Sends raw `req` bytes through a free slot of `seg` and waits for the answer: (status, body).
+fn raw_call(seg: &Segment, req: &[u8]) -> (u32, Vec<u8>) {
+    let me = std::process::id();
+    let t0 = Instant::now();
+    loop {
+        for i in 0..seg.slot_count() {
+            let slot = seg.slot(i);
+            let w = slot.state.load(Ordering::Acquire);
+            if shm::state_of(w) != shm::SLOT_FREE {
+                continue;
+            }
+            let claimed = shm::pack(me, shm::gen_of(w) + 1, shm::SLOT_CLAIMED);
+            if slot.state.compare_exchange(w, claimed, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                continue;
+            }
+            seg.write_data(i, 0, req);
+            slot.req_len.store(req.len() as u32, Ordering::Relaxed);
+            let sub = shm::with_state(claimed, shm::SLOT_SUBMITTED);
+            slot.state.store(sub, Ordering::SeqCst);
+            let h = seg.header();
+            h.doorbell.fetch_add(1, Ordering::SeqCst);
+            shm::futex::wake(&h.doorbell, 1);
+            let done = shm::with_state(sub, shm::SLOT_DONE);
+            while slot.state.load(Ordering::Acquire) != done {
+                assert!(t0.elapsed() < Duration::from_secs(10), "no answer");
+                std::thread::yield_now();
+            }
+            let st = slot.status.load(Ordering::Acquire);
+            let mut body = Vec::new();
+            seg.read_data(i, &mut body, slot.resp_len.load(Ordering::Acquire) as usize);
+            slot.state.store(shm::pack(0, shm::gen_of(sub), shm::SLOT_FREE), Ordering::SeqCst);
+            return (st, body);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no free slot");
+        std::thread::yield_now();
+    }
+}
+
+/// Large ip/l2 batches for an engine that takes slot queries (the CUDA engine copies them to the
+/// device by DMA and checks them there; here a CPU engine forced to take them copies and checks
+/// them itself): the server copies only the header. Answers must be those of the copying path,
+/// and a bad batch (a NaN, a wrong length) must get its error without hurting anyone else.
+#[test]
+fn slot_queries_are_answered_and_checked() {
+    kalos::engine::cpu::TEST_SLOT_QUERIES.store(true, Ordering::Relaxed);
+    let dim = 64usize;
+    let n = 3000usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    let v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let ids: Vec<u64> = (0..n as u64).collect();
+    for metric in [Metric::InnerProduct, Metric::L2] {
+        let name = uniq("slotq");
+        let mut o = Options { role: Role::Server, dim: dim as u32, metric, slot_bytes: 1 << 20, slots: 4, backend: Backend::Cpu, ..Options::default() };
+        o.capacity = 10_000;
+        let s = Kalos::open(&name, &o).unwrap();
+        s.upsert(&ids, &v, &UpsertOptions::default()).unwrap();
+        // 400 stored rows as queries (100 KB, a large request): each one's best match is itself.
+        let c = client(&name, |_| {});
+        let res = c.recall_batch(&v[100 * dim..500 * dim], 400, 3, &RecallOptions::default()).unwrap();
+        for (i, hits) in res.iter().enumerate() {
+            assert_eq!(hits[0].id, 100 + i as u64, "{metric:?} query {i}");
+            assert_eq!(hits.len(), 3);
+        }
+        // A namespace filter in the header (the queries start after it).
+        let f = RecallOptions { namespaces: Some(vec![0, 7]), ..RecallOptions::default() };
+        let res2 = c.recall_batch(&v[100 * dim..500 * dim], 400, 3, &f).unwrap();
+        assert_eq!(res, res2);
+        // Raw requests: the client library would refuse these, a hostile client need not.
+        let seg = Segment::attach(&name).unwrap();
+        let header = |nq: u32| {
+            let mut h = Vec::new();
+            for x in [kalos::protocol::OP_RECALL, 3, nq, 0, u32::MAX] {
+                h.extend_from_slice(&x.to_le_bytes());
+            }
+            h.extend_from_slice(&0f32.to_le_bytes());
+            h.extend_from_slice(&1f64.to_le_bytes());
+            h
+        };
+        let mut req = header(400);
+        for x in &v[..400 * dim] {
+            req.extend_from_slice(&x.to_le_bytes());
+        }
+        let (st, _) = raw_call(&seg, &req);
+        assert_eq!(st, 0, "a well-formed raw batch");
+        let bad_at = 4 + 28 + (123 * dim + 5) * 4;
+        req[bad_at..bad_at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        let (st, body) = raw_call(&seg, &req);
+        assert_eq!(st, Status::NonFinite as u32, "{}", String::from_utf8_lossy(&body));
+        assert!(String::from_utf8_lossy(&body).contains(&format!("index {}", 123 * dim + 5)), "{}", String::from_utf8_lossy(&body));
+        req.truncate(req.len() - 4);
+        let (st, body) = raw_call(&seg, &req);
+        assert_eq!(st, Status::DimensionMismatch as u32, "{}", String::from_utf8_lossy(&body));
+        // The server still serves, on the same engine.
+        let res3 = c.recall_batch(&v[100 * dim..500 * dim], 400, 3, &RecallOptions::default()).unwrap();
+        assert_eq!(res, res3);
+        let st = s.stats().unwrap();
+        assert_eq!(st.engine_fallbacks, 0);
+    }
+}

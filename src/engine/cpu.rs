@@ -64,6 +64,12 @@ use crate::error::Result;
 use crate::store::Store;
 use crate::types::{Filter, Hit, Metric, Recency, SearchRequest};
 
+/// Tests only: CPU engines created while this is set take slot queries
+/// (`Engine::takes_slot_queries`; they copy and check them, as any engine that gets them must),
+/// so that the server's slot-query path runs where there is no GPU.
+#[doc(hidden)]
+pub static TEST_SLOT_QUERIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Instruction set used by the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -782,6 +788,9 @@ impl Engine for CpuEngine {
     fn kind(&self) -> EngineKind {
         EngineKind::Cpu
     }
+    fn takes_slot_queries(&self) -> bool {
+        TEST_SLOT_QUERIES.load(std::sync::atomic::Ordering::Relaxed)
+    }
     fn describe(&self) -> String {
         format!("cpu-{}-x{}", self.isa.name(), self.threads)
     }
@@ -790,6 +799,8 @@ impl Engine for CpuEngine {
         Ok(())
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        let mut host = Vec::new();
+        let req = &super::with_host_queries(req, &mut host)?;
         let dim = store.dim();
         let nq = req.nq;
         let metric = store.metric();
@@ -984,7 +995,7 @@ mod tests {
         st.apply_upsert(&items);
         let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
         let f = Filter::all();
-        let req = SearchRequest { queries: &q, nq: 1, k: 10, filter: &f, recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }), now_ms: 1_000_000, direct: None };
+        let req = SearchRequest { queries: &q, nq: 1, k: 10, filter: &f, recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }), now_ms: 1_000_000, direct: None, slot: None };
         let mut out = Vec::new();
         CpuEngine::new(1).search(&st, &req, &mut out).unwrap();
         let want = reference_search(&st, &req);

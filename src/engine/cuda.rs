@@ -500,6 +500,7 @@ pub struct CudaEngine {
     batch_profile: bool,
     f_scatter: sys::CUfunction,
     f_convq: sys::CUfunction,
+    f_checkq: sys::CUfunction,
     stream: sys::CUstream,
     /// Batches: the filters run on this second, high-priority stream, beside the next tile's
     /// GEMM on `stream` (two score tiles, ordered by `ev`; see search_batch_tiles).
@@ -587,6 +588,12 @@ pub struct CudaEngine {
     staging: (usize, usize),
     /// Single-query responses written straight into a client's slot (for the report).
     direct_writes: u64,
+    /// Large ip/l2 batches are copied to the device straight from the client's slot and checked
+    /// there (`Engine::takes_slot_queries`); `KALOS_SLOT_DMA=0` turns it off (the server then
+    /// copies them into its mirror first).
+    slot_dma: bool,
+    /// Batches answered from queries in a client's slot (for the report).
+    slot_batches: u64,
 }
 
 /// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
@@ -718,6 +725,7 @@ impl CudaEngine {
         let f_final = getf("batch_final")?;
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
+        let f_checkq = getf("check_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
         let smem_filter = filter_smem(KMAX, fstep);
         for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (Some(f_filter), smem_filter), (Some(f_filter_h), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
@@ -772,6 +780,7 @@ impl CudaEngine {
             batch_profile: std::env::var_os("KALOS_BATCH_PROFILE").is_some(),
             f_scatter,
             f_convq,
+            f_checkq,
             stream,
             fstream,
             ev,
@@ -828,6 +837,8 @@ impl CudaEngine {
             min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MIN_ROWS).clamp(16, CHUNK),
             slots: (0, 0),
             slots_dev: 0,
+            slot_dma: !std::env::var("KALOS_SLOT_DMA").is_ok_and(|v| v == "0"),
+            slot_batches: 0,
             staging: (0, 0),
             direct_writes: 0,
         };
@@ -1272,7 +1283,8 @@ impl CudaEngine {
         grow(&mut b.d_oscores, nqp * k * 4, "batch scores")?;
         grow(&mut b.d_ocnt, nqp * 4, "batch counts")?;
         grow(&mut b.d_thr, nqp * 4, "batch thresholds")?;
-        grow(&mut b.d_overflow, 4, "batch overflow flag")?;
+        // [f16 overflow bits, first non-finite query value of a slot batch (check_queries)]
+        grow(&mut b.d_overflow, 8, "batch overflow flag")?;
         Ok(())
     }
 
@@ -1359,6 +1371,9 @@ impl CudaEngine {
         // f16 score tiles where rounding a score is monotone in the key (ip / cosine without
         // recency: the key is the score itself; l2 adds each row's norm, recency each row's
         // boost) and the tie room of a cut fits (k <= 256; kernels/topk.cu, "Batches").
+        if req.slot.is_some() {
+            self.slot_batches += 1;
+        }
         self.tile16 = self.score16 && self.metric != Metric::L2 && req.recency.is_none() && req.k <= SCORE16_MAX_K;
         let mut r = self.search_batch_tiles(store, req, out);
         if let Ok(Some(bits)) = r {
@@ -1435,7 +1450,7 @@ impl CudaEngine {
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let (d_thr, d_ovf) = (b.d_thr.ptr, b.d_overflow.ptr);
-        let mut ovf = 0u32;
+        let mut flags = [0u32; 2];
         let smem = SMEM_MAIN as u32;
         let fsmem = filter_smem(kx, fstep) as u32;
         let mut ids = vec![0u64; nqt * k];
@@ -1447,7 +1462,10 @@ impl CudaEngine {
         out.clear();
         for q0 in (0..nq_all).step_by(nqt) {
             let m = (nq_all - q0).min(nqt);
-            let qs = &req.queries[q0 * dim..(q0 + m) * dim];
+            // Queries in the client's slot (req.slot) are copied to the device as they are and
+            // checked there (check_queries); host queries were checked by the server.
+            let slot = req.slot.map(|sq| (sq.ptr as usize + q0 * dim * 4, m * dim));
+            let qs: &[f32] = if slot.is_some() { &[] } else { &req.queries[q0 * dim..(q0 + m) * dim] };
             let qn: Vec<f32> = qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();
             let p = self.fill_params(req, store, n, k, gx as u32, span as u32);
             // SAFETY: Params is repr(C) plain data; every device buffer below was sized by
@@ -1458,7 +1476,26 @@ impl CudaEngine {
                 t_params.get_or_insert_with(|| t_start.elapsed());
                 let (sb, sl) = self.staging;
                 let qa = qs.as_ptr() as usize;
-                if sb != 0 && qa >= sb && qa + qs.len() * 4 <= sb + sl {
+                let (hb, hl) = self.slots;
+                if let Some((sa, vals)) = slot {
+                    // Straight from the client's slot (registered by attach_slots; the server
+                    // bounds-checked the range against the slot).
+                    if !(hb != 0 && sa >= hb && sa + vals * 4 <= hb + hl) {
+                        return Err(Error::new(Status::Internal, "slot queries outside the registered slots"));
+                    }
+                    ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, sa as *const c_void, vals * 4, self.stream))?;
+                    ck("reset query check", sys::cuMemsetD32Async(d_ovf + 4, NONE_U32, 1, self.stream))?;
+                    let (mut a_src, mut a_m, mut a_qn, mut a_norms, mut a_bad) = (d_qf32, m as u32, d_qn, (self.metric == Metric::L2) as u32, d_ovf + 4);
+                    let mut args: [*mut c_void; 5] = [
+                        &mut a_src as *mut _ as *mut c_void,
+                        &mut a_m as *mut _ as *mut c_void,
+                        &mut a_qn as *mut _ as *mut c_void,
+                        &mut a_norms as *mut _ as *mut c_void,
+                        &mut a_bad as *mut _ as *mut c_void,
+                    ];
+                    let blocks = (m * 32).div_ceil(NT as usize) as u32;
+                    ck("launch check_queries", sys::cuLaunchKernel(self.f_checkq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                } else if sb != 0 && qa >= sb && qa + qs.len() * 4 <= sb + sl {
                     // Already in registered memory (the server's private copy of the request).
                     ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4, self.stream))?;
                 } else if qs.len() * 4 <= self.h_stage.bytes {
@@ -1469,7 +1506,9 @@ impl CudaEngine {
                     ck("H2D queries", sys::cuMemcpyHtoD_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4))?;
                 }
                 t_staged.get_or_insert_with(|| t_start.elapsed());
-                ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
+                if slot.is_none() {
+                    ck("H2D norms", sys::cuMemcpyHtoD_v2(d_qn, qn.as_ptr() as *const c_void, m * 4))?;
+                }
                 let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
                 for (dst, lo) in [(Some(d_q), 0u32), (d_qlo, 1u32)] {
                     let Some(mut a_dst) = dst else { continue };
@@ -1562,9 +1601,16 @@ impl CudaEngine {
                 ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
                 ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
                 ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
-                ck("D2H overflow flag", sys::cuMemcpyDtoHAsync_v2(&mut ovf as *mut u32 as *mut c_void, d_ovf, 4, self.stream))?;
+                ck("D2H overflow flag", sys::cuMemcpyDtoHAsync_v2(flags.as_mut_ptr() as *mut c_void, d_ovf, 8, self.stream))?;
             }
             self.sync_stream()?;
+            // A non-finite value in slot queries fails the batch, before the overflow bits
+            // (which it would set: a NaN score must not turn f16 tiles off for good).
+            if slot.is_some() && flags[1] != NONE_U32 {
+                out.clear();
+                return Err(Error::new(Status::NonFinite, format!("query holds a non-finite value at index {}", q0 * dim + flags[1] as usize)));
+            }
+            let ovf = flags[0];
             if ovf != 0 {
                 out.clear();
                 return Ok(Some(ovf));
@@ -1692,7 +1738,8 @@ impl CudaEngine {
         if let Err(e) = &r {
             // Out of memory on growth leaves the engine usable; anything else poisons it (a
             // sticky CUDA error makes every later call fail).
-            if e.status != Status::StoreFull {
+            // A bad query in a client's slot (found on the device) is the request's error only.
+            if e.status != Status::StoreFull && e.status != Status::NonFinite {
                 self.failed = Some(e.message.clone());
             }
         }
@@ -1737,10 +1784,11 @@ impl Drop for CudaEngine {
                 );
             }
             eprintln!(
-                "kalos cuda engine ({}): batch score tiles {}; {} batch(es) answered again from f32 tiles after an f16 overflow",
+                "kalos cuda engine ({}): batch score tiles {}; {} batch(es) answered again from f32 tiles after an f16 overflow; {} batch(es) copied to the device from the client's slot",
                 self.describe(),
                 if self.score16 { "f16" } else if self.dtype == Dtype::F32 { "f32" } else { "f32 (f16 off or overflowed)" },
-                self.score16_overflows
+                self.score16_overflows,
+                self.slot_batches
             );
         }
         if let Some(v) = self.prof.as_ref().filter(|v| !v.is_empty()) {
@@ -1851,12 +1899,19 @@ impl Engine for CudaEngine {
         }
         ok
     }
+    fn takes_slot_queries(&self) -> bool {
+        self.slots_dev != 0 && self.slot_dma
+    }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);
         if self.hybrid && (work < self.min_work || (req.nq == 1 && work.saturating_mul(4) <= self.min_split_bytes)) {
             self.last_cpu = true;
             return self.cpu.search(store, req, out);
         }
+        // Slot queries go to the device straight from the slot (search_batch); a single query
+        // takes the by-value path, which needs them on the host.
+        let mut host = Vec::new();
+        let req = &if req.nq == 1 { super::with_host_queries(req, &mut host)? } else { req.clone() };
         self.last_cpu = false;
         if self.len != store.len() {
             return Err(Error::new(Status::Internal, format!("GPU table has {} rows, the store {}", self.len, store.len())));

@@ -62,6 +62,24 @@ pub trait Engine: Send {
     fn attach_staging(&mut self, _base: *mut u8, _len: usize) -> bool {
         false
     }
+    /// Whether the server may leave a large batch's queries in the client's slot
+    /// ([`SearchRequest::slot`]) instead of copying them: the engine then copies and checks them
+    /// itself. Every engine must still answer such a request (the default path copies them).
+    fn takes_slot_queries(&self) -> bool {
+        false
+    }
+}
+
+/// `req` with its slot queries ([`SearchRequest::slot`]) copied into `buf` and checked finite, for
+/// code that reads `req.queries`; `req` itself when it has none.
+pub fn with_host_queries<'a>(req: &SearchRequest<'a>, buf: &'a mut Vec<f32>) -> Result<SearchRequest<'a>> {
+    match req.slot {
+        None => Ok(req.clone()),
+        Some(s) => {
+            *buf = s.copy_checked()?;
+            Ok(SearchRequest { queries: buf, slot: None, ..req.clone() })
+        }
+    }
 }
 
 /// Spare entries (16 bytes each) at the end of every heap: the CPU engine's workers each push
