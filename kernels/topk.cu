@@ -1233,7 +1233,10 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
         }
         const u32 seg = P.fseg;
         const bool cruise = seg > 1u && plain && lb != 0u && base >= hunt_until;
+        // nsurv has not changed since the last barrier; every thread reads it before any warp
+        // of a cruise segment appends (a warp that read it late would see this segment's rows).
         const u32 s0 = nsurv, end = cruise ? min(l1, base + seg * FSTEP) : base + FSTEP;
+        if (cruise) __syncthreads();
         for (u32 b = base; b < end && b < l1; b += FSTEP) step(b, cruise);
         if (!cruise) {
             base = end;
