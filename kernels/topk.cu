@@ -1411,11 +1411,6 @@ extern "C" __global__ void scatter_rows(const u32* __restrict__ rows, const floa
     }
 }
 
-// Queries (f32, DIM each) -> padded storage-type rows for the tensor-core GEMM.
-// Queries (f32, nq x DIM) to the storage type, padded to DP: the batched GEMM's B operand. With
-// `lo` set, the residual instead, v - storage(v) rounded to the storage type: a second GEMM with
-// it (beta = 1) brings the bf16 path's query to ~16 significant bits, as the single-query path
-// (f32 query) has; with the query in bf16 alone, batch recall@10 fell to 0.988 on the H200.
 // Batches whose queries were copied to the device straight from the client's slot (which the
 // client could change during the copy): checks the device copy, the one every later kernel
 // reads. One warp per query: *bad = the smallest flat index of a non-finite value (left at
@@ -1443,6 +1438,10 @@ extern "C" __global__ void check_queries(const float* __restrict__ src, u32 nq, 
     }
 }
 
+// Queries (f32, nq x DIM) to the storage type, padded to DP: the batched GEMM's B operand. With
+// `lo` set, the residual instead, v - storage(v) rounded to the storage type: a second GEMM with
+// it (beta = 1) brings the bf16 path's query to ~16 significant bits, as the single-query path
+// (f32 query) has; with the query in bf16 alone, batch recall@10 fell to 0.988 on the H200.
 extern "C" __global__ void convert_queries(const float* __restrict__ src, u32 nq, void* dst, u32 lo) {
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t nth = (size_t)gridDim.x * blockDim.x;

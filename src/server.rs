@@ -271,9 +271,6 @@ pub(crate) struct Server {
     /// Dropped after the engine, which unregisters it.
     mirror: Option<memmap2::MmapMut>,
     mirror_used: bool,
-    /// Large ip/l2 recalls leave their queries in the client's slot (the engine said it takes
-    /// them: `Engine::takes_slot_queries`); re-read whenever the engine changes.
-    slot_queries: bool,
     seg: Arc<Segment>,
     opts: Options,
     store: Store,
@@ -309,11 +306,9 @@ impl Server {
         if let Some(m) = mirror.as_mut() {
             engine.attach_staging(m.as_mut_ptr(), m.len());
         }
-        let slot_queries = engine.takes_slot_queries() && metric != Metric::Cosine;
         Server {
             mirror,
             mirror_used: false,
-            slot_queries,
             seg,
             opts,
             store,
@@ -410,6 +405,9 @@ impl Server {
     fn collect(&mut self) -> usize {
         let seg = self.seg.clone();
         self.mirror_used = false;
+        // Large ip/l2 recalls leave their queries in the client's slot when the engine takes them
+        // (cosine queries are normalised here, so they need the private copy).
+        let slot_queries = self.engine.takes_slot_queries() && self.metric != Metric::Cosine;
         for i in 0..seg.slot_count() {
             let slot = seg.slot(i);
             let w = slot.state.load(Ordering::Acquire);
@@ -421,7 +419,7 @@ impl Server {
                 continue;
             }
             let len = (slot.req_len.load(Ordering::Acquire) as usize).min(seg.data_bytes());
-            if len >= MIRROR_MIN_BYTES && self.slot_queries {
+            if len >= MIRROR_MIN_BYTES && slot_queries {
                 // A large recall for an engine that copies queries from the slot itself (the CUDA
                 // engine, by DMA, checking them on the device): only the header is copied here.
                 let mut buf = self.free_bufs.pop().unwrap_or_default();
@@ -605,7 +603,6 @@ impl Server {
             let mut cpu: Box<dyn Engine> = Box::new(CpuEngine::for_server(self.opts.threads as usize, self.opts.server_spin_ns));
             let _ = cpu.sync(&self.store, &[]);
             self.engine = cpu;
-            self.slot_queries = false;
         }
     }
 

@@ -64,7 +64,7 @@ use crate::error::Result;
 use crate::store::Store;
 use crate::types::{Filter, Hit, Metric, Recency, SearchRequest};
 
-/// Tests only: CPU engines created while this is set take slot queries
+/// Tests only: while this is set, CPU engines take slot queries
 /// (`Engine::takes_slot_queries`; they copy and check them, as any engine that gets them must),
 /// so that the server's slot-query path runs where there is no GPU.
 #[doc(hidden)]
