@@ -1105,7 +1105,7 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
-    __shared__ u32 nsurv, lost;
+    __shared__ u32 nsurv, lost, lb0;
     const int t = threadIdx.x, lane = t & 31;
     const u32 q = blockIdx.y;
     const u32 l0 = min(rows, blockIdx.x * span), l1 = min(rows, l0 + span);
@@ -1122,15 +1122,22 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
     };
 #pragma unroll
     for (int d = 0; d < FPD; d++) load_step(nv[d], l0 + (u32)d * FSTEP);
-    if (t == 0) nsurv = 0;
-    load_params(in, P, sns);
+    // The bound is read once, by one thread, and shared: other blocks of query q raise thr[q]
+    // at any time, and warps that read it at different moments could disagree on `lb != 0`,
+    // hence on `cruise`, and take different numbers of barriers below (undefined behaviour,
+    // seen as an illegal instruction). Every decision that guards a barrier is block-uniform.
+    if (t == 0) {
+        nsurv = 0;
+        lb0 = __ldcg(thr + q);
+    }
+    load_params(in, P, sns);  // its barrier publishes nsurv and lb0
     // Survivor slots: room for a whole step after the k kept by a cut, plus half a step of slack
     // so that a cut happens only when the buffer really fills (without it, the first tile cut
     // at every step).
     constexpr bool ties = SV == 8;
     const u32 k = P.k, kx = ties ? 2 * k : k, sb = kx + FSTEP + FSTEP / 2;
     const float qn = qnorms[q];
-    u32 lb = __ldcg(thr + q);
+    u32 lb = lb0;
     const bool plain = P.flags == 0u && P.nns == NONE_U32;  // no expiry, recency or namespace filter
     u32* ckey = (u32*)smem;  // survivors
     u32* crow = ckey + sb;

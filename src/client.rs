@@ -128,6 +128,14 @@ pub struct PayloadHit {
     pub payload: Option<Vec<u8>>,
 }
 
+/// f32 values sent after a request's parts, checked to be finite as they are copied into the
+/// slot; an error names `what` and the value's index in the caller's array (`base` + offset).
+struct Finite<'a> {
+    v: &'a [f32],
+    what: &'static str,
+    base: usize,
+}
+
 /// An open store. Safe to share between threads (`Sync`): each call claims its own slot.
 pub struct Kalos {
     seg: Arc<Segment>,
@@ -304,14 +312,16 @@ impl Kalos {
     /// One request/response round trip through a slot. `parse` runs on a private copy of the
     /// response body.
     fn call<R>(&self, req: &[u8], timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
-        self.call_parts(&[req], timeout_ms, parse)
+        self.call_parts(&[req], None, timeout_ms, parse)
     }
 
     /// `call` with the request given as consecutive parts, written straight into the slot (a
     /// batch's queries are not copied into a request buffer first).
-    fn call_parts<R>(&self, parts: &[&[u8]], timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+    /// `floats`, when given, follows the parts: values checked to be finite as they are copied
+    /// (`Finite`); a non-finite one fails the call with `NON_FINITE` before anything is sent.
+    fn call_parts<R>(&self, parts: &[&[u8]], floats: Option<Finite<'_>>, timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
         self.check_open()?;
-        let req_len: usize = parts.iter().map(|p| p.len()).sum();
+        let req_len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + floats.as_ref().map_or(0, |f| f.v.len() * 4);
         if req_len > self.seg.data_bytes() {
             return Err(Error::new(
                 Status::TooLarge,
@@ -327,6 +337,15 @@ impl Kalos {
         for p in parts {
             self.seg.write_data(slot_i, off, p);
             off += p.len();
+        }
+        if let Some(f) = &floats {
+            if let Err(i) = self.seg.write_finite_f32(slot_i, off, f.v) {
+                // Give the slot back unsubmitted (the same claim, state FREE).
+                slot.client_start_ticks.store(0, Ordering::Relaxed);
+                let _ = slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+                let at = f.base + i;
+                return Err(Error::new(Status::NonFinite, format!("{} holds a non-finite value ({}) at index {at}", f.what, f.v[i])));
+            }
         }
         let submitted = shm::with_state(word, shm::SLOT_SUBMITTED);
         if slot.state.compare_exchange(word, submitted, Ordering::SeqCst, Ordering::SeqCst).is_err() {
@@ -517,7 +536,7 @@ impl Kalos {
         REQ.with(|w| {
             let mut w = w.borrow_mut();
             self.write_recall(&mut w, 1, k, 0, opts);
-            self.call_parts(&[&w.buf, f32_bytes(query)], opts.timeout_ms, |resp| {
+            self.call_parts(&[&w.buf, f32_bytes(query)], None, opts.timeout_ms, |resp| {
                 let mut r = Reader::new(resp);
                 let c = r.u32("count")? as usize;
                 if c > k || c > ids.len() || c > scores.len() {
@@ -555,7 +574,7 @@ impl Kalos {
         REQ.with(|w| {
             let mut w = w.borrow_mut();
             self.write_recall(&mut w, 1, k, FLAG_PAYLOADS, opts);
-            self.call_parts(&[&w.buf, f32_bytes(query)], opts.timeout_ms, |resp| {
+            self.call_parts(&[&w.buf, f32_bytes(query)], None, opts.timeout_ms, |resp| {
                 let mut r = Reader::new(resp);
                 let c = r.u32("count")? as usize;
                 let ids = r.u64s(c, "ids")?;
@@ -598,7 +617,7 @@ impl Kalos {
         if ids.len() < nq * k || scores.len() < nq * k || counts.len() < nq {
             return Err(Error::new(Status::BufferTooSmall, format!("outputs need {} ids/scores and {nq} counts", nq * k)));
         }
-        check_finite(queries, "batch")?;
+        // Finiteness is checked while the queries are copied into the slot (one pass).
         self.check_recall_opts(opts)?;
         // Queries per request: bounded by the request (queries) and the response (k hits each).
         let fixed = 64 + 8 * opts.namespaces.as_ref().map_or(0, |n| n.len());
@@ -610,8 +629,9 @@ impl Kalos {
             REQ.with(|w| {
                 let mut w = w.borrow_mut();
                 self.write_recall(&mut w, qn, k, 0, opts);
-                let qb = f32_bytes(&queries[q0 * self.dim..(q0 + qn) * self.dim]);
-                self.call_parts(&[&w.buf, qb], opts.timeout_ms, |resp| {
+                let qv = &queries[q0 * self.dim..(q0 + qn) * self.dim];
+                let floats = Finite { v: qv, what: "batch", base: q0 * self.dim };
+                self.call_parts(&[&w.buf], Some(floats), opts.timeout_ms, |resp| {
                     let mut r = Reader::new(resp);
                     let cs = r.u32s(qn, "counts")?;
                     let total: usize = cs.iter().map(|&c| c as usize).sum();

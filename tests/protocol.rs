@@ -226,6 +226,7 @@ fn large_calls_are_split_or_refused() {
     let dim = 32usize;
     let s = server(&name, dim as u32, |o| {
         o.slot_bytes = 8192;
+        o.slots = 2; // a slot not given back after an error would starve the calls below
         o.max_payload_bytes = 4096;
         o.capacity = 10_000;
     });
@@ -244,6 +245,20 @@ fn large_calls_are_split_or_refused() {
         for (a, b) in hits.iter().zip(&single) {
             assert!((a.score - b.score).abs() <= 1e-5 * (1.0 + b.score.abs()), "batch row {i}: {a:?} vs {b:?}");
         }
+    }
+    // A non-finite value in a later chunk (the check runs while each chunk is copied into its
+    // slot): NON_FINITE naming the value's index in the whole batch; the slot is given back, so
+    // with 2 slots the next calls still find one.
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut qs = v[..nq * dim].to_vec();
+        let at = 250 * dim + 7;
+        qs[at] = bad;
+        let e = s.recall_batch(&qs, nq, 3, &RecallOptions::default()).unwrap_err();
+        assert_eq!(e.status, Status::NonFinite, "{}", e.message);
+        assert!(e.message.ends_with(&format!("at index {at}")), "{}", e.message);
+    }
+    for _ in 0..20 {
+        assert_eq!(s.recall_batch(&v[..nq * dim], nq, 3, &RecallOptions::default()).unwrap(), res);
     }
     // k=1000 hits need 12 KB of response: more than a slot.
     assert_eq!(s.recall(&v[..dim], 1000, &RecallOptions::default()).unwrap_err().status, Status::TooLarge);

@@ -64,13 +64,13 @@ const CAND_BYTES: usize = 256 << 20;
 /// H200 (steady-state filter 1.33 ms against 1.58 and 2.52 for 1024 x 1M f16).
 const FILTER_FU: usize = 2;
 /// Filter steps per cruise segment (no barrier inside; `Params::fseg`, kernels/topk.cu
-/// batch_filter_body); `KALOS_FILTER_SEG` sets it (16 measured best). Off (0) by default: with 16
-/// the engine took 3.63 instead of 3.85 ms per 1024 x 1M x 768 f16 batch on the H200, but the
-/// score16 suite's overflow case (f16 tiles overflow, the batch is rerun from f32 tiles) failed
-/// with CUDA_ERROR_ILLEGAL_INSTRUCTION in 3 of 5 runs that followed other suites in the same
-/// process (never alone, never under compute-sanitizer); not yet understood
-/// (docs/benchmarks/gpu.md, eighth session).
-const FILTER_SEG: u32 = 0;
+/// batch_filter_body); `KALOS_FILTER_SEG` sets it (0 or 1: a barrier every step). 16 measured
+/// best: the engine took 3.63 instead of 3.85 ms per 1024 x 1M x 768 f16 batch on the H200.
+/// It was off in the eighth session after intermittent CUDA_ERROR_ILLEGAL_INSTRUCTION in the
+/// score16 suite: every thread read the query's bound from global memory while other blocks
+/// raised it, so warps could disagree on whether to cruise and take different numbers of
+/// barriers; the bound is now read once per block (docs/benchmarks/gpu.md, ninth session).
+const FILTER_SEG: u32 = 16;
 /// Fewest rows per single-query block (`KALOS_MIN_ROWS` overrides): small tables get more,
 /// smaller blocks, each scanning its rows in one or two rounds of loads and selecting by rank
 /// (64 beat 256 and 32 for 10k x 128 on the H200: GPU round trip 19.7 against 23.2 and 20.8 us).

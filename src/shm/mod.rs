@@ -512,6 +512,29 @@ impl Segment {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot_data(i).add(offset), src.len()) };
     }
 
+    /// Copies `src` into slot `i`'s data area at `offset`, checking as it goes that every value
+    /// is finite: one pass over the source instead of a check and then a copy (a 1024 x 768
+    /// batch is 3 MB). Returns the index of the first non-finite value; the slot then holds a
+    /// partial copy, which the caller must not submit. Panics if it would overflow.
+    pub fn write_finite_f32(&self, i: usize, offset: usize, src: &[f32]) -> std::result::Result<(), usize> {
+        let bytes = std::mem::size_of_val(src);
+        assert!(offset + bytes <= self.data_bytes());
+        // Blocks small enough to stay in L1 between the check and the copy.
+        const B: usize = 1024;
+        let dst = self.slot_data(i).wrapping_add(offset);
+        for (b, chunk) in src.chunks(B).enumerate() {
+            // Branch-free fold (vectorised), as in types::check_finite.
+            if !chunk.iter().fold(true, |ok, x| ok & x.is_finite()) {
+                return Err(b * B + chunk.iter().position(|x| !x.is_finite()).unwrap_or(0));
+            }
+            // SAFETY: the destination range [offset + b*B*4, + chunk bytes) lies inside slot
+            // i's data area (offset + bytes <= data_bytes, asserted above); src is a live slice
+            // that cannot overlap the shared mapping's slot we own for this request.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr() as *const u8, dst.add(b * B * 4), chunk.len() * 4) };
+        }
+        Ok(())
+    }
+
     /// Removes the name (server side, at shutdown). Mappings stay valid until unmapped.
     pub fn unlink(&self) {
         let c = cstr(&self.shm_name);
