@@ -42,7 +42,6 @@ typedef unsigned short u16;
 #define NONE_U32 0xFFFFFFFFu
 #define FLAG_EXPIRY 1u
 #define FLAG_RECENCY 2u
-#define FLAG_CANCEL 4u    // scan_topk: an armed launch cancelled by the host; do nothing
 
 #if DTYPE == 0
 #define VEC 4
@@ -100,7 +99,7 @@ struct Params {
     u32 n;        // table rows
     u32 k;        // results wanted (1..1024)
     u32 nns;      // namespaces in the filter, NONE_U32 = no filter
-    u32 flags;    // FLAG_EXPIRY | FLAG_RECENCY | FLAG_CANCEL
+    u32 flags;    // FLAG_EXPIRY | FLAG_RECENCY
     u64 now_ms;
     float w;      // recency weight
     float qnorm;  // |q|^2 (l2, single query)
@@ -982,7 +981,6 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
     __shared__ u64 sns[MAXNS];
     __shared__ Params P;
     load_params(in, P, sns);
-    if (P.flags & FLAG_CANCEL) return;  // block-uniform (P is shared); ctl is untouched
     scan_topk_body(P, (const float*)(in + PARAMS_BYTES), T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 

@@ -361,7 +361,6 @@ impl Server {
                 }
                 continue;
             }
-            self.engine.idle();
             if last_house.elapsed() >= HOUSEKEEPING {
                 self.housekeeping();
                 last_house = Instant::now();

@@ -37,8 +37,6 @@ const NT: u32 = 256;
 const CHUNK: usize = 4096;
 const KMAX: usize = MAX_K;
 const PARAMS_BYTES: usize = 640;
-/// Params::flags bit (kernels/topk.cu FLAG_CANCEL): the armed launch ends without searching.
-const FLAG_CANCEL: u32 = 4;
 /// Dynamic shared memory before the query copy (SMEM_MAIN in the kernel).
 const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
 const NONE_U32: u32 = u32::MAX;
@@ -601,26 +599,6 @@ pub struct CudaEngine {
     slot_dma: bool,
     /// Batches answered from queries in a client's slot (for the report).
     slot_batches: u64,
-    /// Armed single queries (`KALOS_ARMED`, see `arm`): whether to arm, the launch waiting on
-    /// the doorbell (if any), the doorbell (pinned host memory, word 0; `bell_dev` its device
-    /// address), the last doorbell value used, and the grid (with the table generation) of the
-    /// last single query, which the next one most likely shares.
-    armed_on: bool,
-    armed: Option<Armed>,
-    bell: HostBuf,
-    bell_dev: sys::CUdeviceptr,
-    bell_seq: u32,
-    last_grid: Option<(u32, u64)>,
-    /// Single queries answered by an armed launch (for the report).
-    armed_fired: u64,
-}
-
-/// A single-query launch enqueued ahead of its request: the stream waits for the doorbell to
-/// read `seq`, then copies params + query from `h_in` and runs scan_topk over `grid` blocks.
-#[derive(Clone, Copy, Debug)]
-struct Armed {
-    grid: u32,
-    seq: u32,
 }
 
 /// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
@@ -868,19 +846,8 @@ impl CudaEngine {
             slot_batches: 0,
             staging: (0, 0),
             direct_writes: 0,
-            armed_on: !std::env::var("KALOS_ARMED").is_ok_and(|v| v == "0"),
-            armed: None,
-            bell: HostBuf::with_flags(64, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
-            bell_dev: 0,
-            bell_seq: 0,
-            last_grid: None,
-            armed_fired: 0,
         };
         e.d_out = e.h_out.device_ptr()?;
-        e.bell_dev = e.bell.device_ptr()?;
-        // SAFETY: bell holds 64 bytes of live pinned memory; word 0 starts at 0 (never a value
-        // a wait is armed with: bell_seq skips 0).
-        unsafe { std::ptr::write_volatile(e.bell.ptr as *mut u32, 0) };
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.d_ticket.ptr, 0, 16, e.stream) })?;
         let max_rows = e.limit_bytes / e.row_bytes();
         let initial = store.len().max(store.capacity().min(1 << 16).min(max_rows)).max(1);
@@ -1168,13 +1135,6 @@ impl CudaEngine {
         let k = req.k.min(KMAX);
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
-        // An armed launch of this grid on this table only waits for its doorbell (its graph and
-        // candidate buffers exist: the last query had this shape); any other shape cancels it
-        // before anything else touches the stream, h_in or device memory.
-        let fire = self.armed.filter(|a| a.grid == grid && self.last_grid == Some((grid, self.gen)));
-        if fire.is_none() {
-            self.disarm()?;
-        }
         self.ensure_cand(grid as usize)?;
         if self.sq_mode != SqMode::Launch && self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
             self.graphs.remove(&grid);
@@ -1199,19 +1159,12 @@ impl CudaEngine {
             p.dst = dst;
         }
         let dp = self.dp;
-        self.last_grid = Some((grid, self.gen));
         put_request(self.h_in.slice(), &p, q, dp);
         let t0 = std::time::Instant::now();
         let smem = (SMEM_MAIN + self.dp * 4) as u32;
         let (mut tab, mut tail) = self.scan_tail();
         let mut args = scan_arg_ptrs(self.h_in.ptr as *mut c_void, &mut tab, &mut tail);
         match self.sq_mode {
-            _ if fire.is_some() => {
-                let a = fire.unwrap();
-                self.armed = None;
-                self.armed_fired += 1;
-                self.ring(a.seq);
-            }
             SqMode::Graph => {
                 let g = &self.graphs.get(&grid).unwrap().1;
                 let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
@@ -1269,97 +1222,6 @@ impl CudaEngine {
             self.direct_writes += 1;
         }
         Ok(hits)
-    }
-
-    /// Arms the next single query (`KALOS_ARMED`, on by default): while the server is idle,
-    /// the launch for the last single query's grid is enqueued behind a wait on the doorbell
-    /// (`cuStreamWaitValue32`, which the GPU's front end polls in pinned host memory): a wait,
-    /// the copy of params + query from `h_in`, scan_topk. A request of that shape then only
-    /// writes `h_in` and rings (`ring`): the launch calls (~3.7 us on the H200's host) are off
-    /// its path. Anything else that uses the stream cancels the armed launch first (`disarm`).
-    fn arm(&mut self) -> Result<()> {
-        let Some((grid, gen)) = self.last_grid else { return Ok(()) };
-        if !self.armed_on || self.armed.is_some() || self.failed.is_some() || gen != self.gen || self.len == 0 {
-            return Ok(());
-        }
-        let seq = self.bell_seq.wrapping_add(1).max(1);
-        // SAFETY: bell_dev is the device address of the live pinned doorbell word.
-        let r = unsafe { sys::cuStreamWaitValue32_v2(self.stream, self.bell_dev, seq, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            // Nothing was enqueued: this driver or device cannot wait on host memory; launch
-            // per request instead.
-            eprintln!("kalos: armed single queries off ({r:?} from cuStreamWaitValue32)");
-            self.armed_on = false;
-            return Ok(());
-        }
-        self.bell_seq = seq;
-        self.armed = Some(Armed { grid, seq });
-        let in_bytes = PARAMS_BYTES + self.dp * 4;
-        let smem = (SMEM_MAIN + self.dp * 4) as u32;
-        let (mut tab, mut tail) = self.scan_tail();
-        let mut a_in = self.d_in.ptr;
-        let mut args = scan_arg_ptrs(&mut a_in as *mut u64 as *mut c_void, &mut tab, &mut tail);
-        // SAFETY: h_in (pinned, in_bytes long) and d_in (in_bytes) are live for the engine's
-        // life; the copy runs only after the doorbell, when the request (or a cancel) is in
-        // h_in. args points at live locals; the launch copies them before it returns.
-        let r = unsafe {
-            ck("armed H2D", sys::cuMemcpyHtoDAsync_v2(self.d_in.ptr, self.h_in.ptr as *const c_void, in_bytes, self.stream)).and_then(|_| {
-                ck("armed scan_topk", sys::cuLaunchKernel(self.f_scan, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))
-            })
-        };
-        if r.is_err() {
-            let _ = self.disarm(); // let the stream past the wait
-        }
-        r
-    }
-
-    /// Rings the doorbell: the armed launch copies h_in (written before this) and runs.
-    fn ring(&self, seq: u32) {
-        // h_in's bytes must be visible before the doorbell: the GPU copies them only after it
-        // sees the new value (x86 keeps stores in order; the fence keeps the compiler from
-        // moving them).
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        // SAFETY: bell holds 64 bytes of live pinned memory; the GPU only reads word 0.
-        unsafe { std::ptr::write_volatile(self.bell.ptr as *mut u32, seq) };
-    }
-
-    /// Cancels an armed launch (the kernel reads FLAG_CANCEL and returns) and waits, bounded,
-    /// for the stream to drain, so that h_in and the stream are free again.
-    fn disarm(&mut self) -> Result<()> {
-        let Some(a) = self.armed.take() else { return Ok(()) };
-        let p = Params {
-            n: 0,
-            k: 0,
-            nns: NONE_U32,
-            flags: FLAG_CANCEL,
-            now_ms: 0,
-            w: 0.0,
-            qnorm: 0.0,
-            hl: 1.0,
-            grid: a.grid,
-            chunk: 0,
-            ntiles: 0,
-            fseg: 0,
-            seq: 0,
-            qscale: 1.0,
-            ns: [0; MAX_FILTER_NAMESPACES],
-            dst: 0,
-        };
-        put_request(self.h_in.slice(), &p, &[], 0);
-        self.ring(a.seq);
-        let t0 = std::time::Instant::now();
-        loop {
-            // SAFETY: a valid stream of this engine's context.
-            match unsafe { sys::cuStreamQuery(self.stream) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                r => return Err(cu_err("cancelling the armed single query", r)),
-            }
-            if t0.elapsed() > ANSWER_TIMEOUT {
-                return Err(Error::new(Status::Cuda, "the GPU did not take the armed single query's cancel"));
-            }
-            std::hint::spin_loop();
-        }
     }
 
     /// Spins until the kernel has published sequence number `seq` (the server thread polls
@@ -1898,14 +1760,13 @@ impl Drop for CudaEngine {
             let mut a = self.rtt_api.clone();
             a.sort_unstable();
             eprintln!(
-                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us (of which the launch calls on the host p50 {:.1} us; mode {:?}; {} armed launches fired); {} responses written into the client's slot by the kernel",
+                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us (of which the launch calls on the host p50 {:.1} us; mode {:?}); {} responses written into the client's slot by the kernel",
                 self.describe(),
                 v.len(),
                 v[v.len() / 2] as f64 / 1000.0,
                 v[(v.len() * 99) / 100] as f64 / 1000.0,
                 a[a.len() / 2] as f64 / 1000.0,
                 self.sq_mode,
-                self.armed_fired,
                 self.direct_writes
             );
         }
@@ -1957,13 +1818,8 @@ impl Drop for CudaEngine {
                 p50(8) * 1000.0
             );
         }
-        // A stream still held by an armed launch is never synchronised (it would wait forever
-        // if the cancel did not get through); destroying it releases it once the device is done.
-        let drained = catch_unwind(AssertUnwindSafe(|| self.disarm().is_ok())).unwrap_or(false);
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
-            if drained {
-                sys::cuStreamSynchronize(self.stream);
-            }
+            sys::cuStreamSynchronize(self.stream);
             sys::cuStreamSynchronize(self.fstream);
             if self.slots_dev != 0 {
                 sys::cuMemHostUnregister(self.slots.0 as *mut c_void);
@@ -2001,16 +1857,10 @@ impl Engine for CudaEngine {
         s
     }
     fn sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()> {
-        self.guarded("sync", |e| {
-            e.disarm()?;
-            e.do_sync(store, dirty)
-        })
+        self.guarded("sync", |e| e.do_sync(store, dirty))
     }
     fn reserve(&mut self, rows: usize) -> Result<()> {
-        self.guarded("reserve", |e| {
-            e.disarm()?;
-            e.ensure_capacity(rows)
-        })
+        self.guarded("reserve", |e| e.ensure_capacity(rows))
     }
     fn attach_slots(&mut self, base: *mut u8, len: usize) -> bool {
         if self.slots_dev != 0 || base.is_null() || len == 0 || std::env::var("KALOS_DIRECT").is_ok_and(|v| v == "0") {
@@ -2087,18 +1937,8 @@ impl Engine for CudaEngine {
                 out.push(h);
                 Ok(())
             } else {
-                e.disarm()?;
                 e.search_batch(store, req, out)
             }
         })
-    }
-    fn idle(&mut self) {
-        if self.armed.is_some() || !self.armed_on || self.failed.is_some() {
-            return;
-        }
-        if let Err(e) = self.arm() {
-            // The next request finds the engine failed and the server falls back to the CPU.
-            self.failed = Some(e.message);
-        }
     }
 }

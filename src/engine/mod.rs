@@ -68,10 +68,6 @@ pub trait Engine: Send {
     fn takes_slot_queries(&self) -> bool {
         false
     }
-    /// Called by the server thread whenever it finds no request waiting, so it must be cheap
-    /// when there is nothing to do. The CUDA engine enqueues its next single-query launch here
-    /// (armed, waiting on a doorbell), off the next request's path.
-    fn idle(&mut self) {}
 }
 
 /// `req` with its slot queries ([`SearchRequest::slot`]) copied into `buf` and checked finite, for
