@@ -8,7 +8,7 @@
 //! tiles), `1:116:0` (GEMM and filter pipelined, GEMMs on 116 SMs), `1:0:1:1` (pipelined, f16
 //! tiles, the queries in a region registered with `attach_staging`, as the server's private copy
 //! of a large request is: no staging copy). tile_mb 0 (or absent) is the default tile size;
-//! fseg is the filter's cruise segment in steps (absent or 0: off, the default).
+//! fseg is the filter's cruise segment in steps (absent: the engine's default, 16; 0: off).
 //! Data: uniform in [-1, 1), fresh each run; inner product; k = 10.
 use std::time::Instant;
 
@@ -34,11 +34,11 @@ fn main() {
             .iter()
             .map(|s| {
                 let p: Vec<usize> = s.split(':').map(|x| x.parse().expect("setting pipe:gemm_sms:score16")).collect();
-                (p[0] != 0, p.get(1).copied().unwrap_or(0), p.get(2).copied().unwrap_or(0) != 0, p.get(3).copied().unwrap_or(0) != 0, p.get(4).copied().unwrap_or(0), p.get(5).map_or(0, |&x| x as u32))
+                (p[0] != 0, p.get(1).copied().unwrap_or(0), p.get(2).copied().unwrap_or(0) != 0, p.get(3).copied().unwrap_or(0) != 0, p.get(4).copied().unwrap_or(0), p.get(5).map_or(cuda::FILTER_SEG, |&x| x as u32))
             })
             .collect()
     } else {
-        vec![(false, 0, false, false, 0, 0), (true, 0, false, false, 0, 0)]
+        vec![(false, 0, false, false, 0, cuda::FILTER_SEG), (true, 0, false, false, 0, cuda::FILTER_SEG)]
     };
     let k = 10;
     let t0 = Instant::now();

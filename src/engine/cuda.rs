@@ -70,7 +70,7 @@ const FILTER_FU: usize = 2;
 /// score16 suite: every thread read the query's bound from global memory while other blocks
 /// raised it, so warps could disagree on whether to cruise and take different numbers of
 /// barriers; the bound is now read once per block (docs/benchmarks/gpu.md, ninth session).
-const FILTER_SEG: u32 = 16;
+pub const FILTER_SEG: u32 = 16;
 /// Fewest rows per single-query block (`KALOS_MIN_ROWS` overrides): small tables get more,
 /// smaller blocks, each scanning its rows in one or two rounds of loads and selecting by rank
 /// (64 beat 256 and 32 for 10k x 128 on the H200: GPU round trip 19.7 against 23.2 and 20.8 us).
