@@ -640,16 +640,18 @@ impl Kalos {
                     }
                     let idb = r.take(total * 8, "ids")?;
                     let scb = r.take(total * 4, "scores")?;
-                    let mut off = 0;
+                    // Each query's hits, in order (the counts were checked <= k above).
+                    let (mut idc, mut scc) = (idb.chunks_exact(8), scb.chunks_exact(4));
                     for (i, &c) in cs.iter().enumerate() {
                         let c = c as usize;
                         let base = (q0 + i) * k;
-                        for j in 0..c {
-                            ids[base + j] = u64::from_le_bytes(idb[(off + j) * 8..(off + j) * 8 + 8].try_into().unwrap());
-                            scores[base + j] = f32::from_le_bytes(scb[(off + j) * 4..(off + j) * 4 + 4].try_into().unwrap());
+                        for (d, b) in ids[base..base + c].iter_mut().zip(idc.by_ref().take(c)) {
+                            *d = u64::from_le_bytes(b.try_into().unwrap());
+                        }
+                        for (d, b) in scores[base..base + c].iter_mut().zip(scc.by_ref().take(c)) {
+                            *d = f32::from_le_bytes(b.try_into().unwrap());
                         }
                         counts[q0 + i] = c;
-                        off += c;
                     }
                     Ok(())
                 })

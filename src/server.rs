@@ -531,12 +531,7 @@ impl Server {
     fn publish(&self, slot_i: usize, word: u64, status: Status, body: &[u8]) {
         let slot = self.seg.slot(slot_i);
         let (status, body): (Status, std::borrow::Cow<[u8]>) = if body.len() > self.seg.data_bytes() {
-            (
-                Status::TooLarge,
-                format!("response of {} bytes exceeds the slot size of {} bytes (option slot_bytes)", body.len(), self.seg.data_bytes())
-                    .into_bytes()
-                    .into(),
-            )
+            (Status::TooLarge, too_large(body.len(), self.seg.data_bytes()).into())
         } else {
             (status, body.into())
         };
@@ -939,6 +934,13 @@ impl Server {
             for job in g.jobs {
                 results[job.idx] = Some(match &r {
                     Err(e) => Reply::Body(e.status, e.message.clone().into_bytes()),
+                    // Without payloads the body goes straight into the request's slot (the
+                    // server thread owns it until it publishes or releases it, as for
+                    // `DirectOut`): no encoding buffer, no copy of it into the slot.
+                    Ok(()) if job.flags & FLAG_PAYLOADS == 0 => match write_hits_into_slot(&self.seg, batch[job.idx].slot, &out[job.q_off..job.q_off + job.nq], job.k) {
+                        Ok(len) => Reply::InSlot(len),
+                        Err(len) => Reply::Body(Status::TooLarge, too_large(len, self.seg.data_bytes())),
+                    },
                     Ok(()) => {
                         let w = &mut self.resp;
                         w.clear();
@@ -973,8 +975,47 @@ impl Server {
     }
 }
 
-/// A request's answer: a body to copy into the slot, or the length of one an engine already
-/// wrote there (a lone recall, `SearchRequest::direct`).
+/// Writes a recall response body for `hits` (each query's first `k`: counts, then ids, then
+/// scores, little-endian, as `Writer` encodes them and the client parses them) straight into
+/// slot `slot`'s data area. Returns its length; Err(length) when it does not fit (nothing
+/// written).
+fn write_hits_into_slot(seg: &Segment, slot: usize, hits: &[Vec<Hit>], k: usize) -> std::result::Result<usize, usize> {
+    let nq = hits.len();
+    let total: usize = hits.iter().map(|h| h.len().min(k)).sum();
+    let len = 4 * nq + 12 * total;
+    if len > seg.data_bytes() {
+        return Err(len);
+    }
+    let base = seg.slot_data(slot);
+    // SAFETY: every write below lands in [base, base + len), inside the slot's data area (len
+    // <= data_bytes, checked above): counts in [0, 4nq), ids in [4nq, 4nq + 8total), scores
+    // after them, `total` entries each. The server thread owns the slot until it publishes or
+    // releases it (a client that gave up only marks it abandoned), so no one else is answering
+    // through it; unaligned writes, since the offsets are only 4-byte aligned.
+    unsafe {
+        let (mut c, mut i, mut sc) = (base, base.add(4 * nq), base.add(4 * nq + 8 * total));
+        for h in hits {
+            let h = &h[..h.len().min(k)];
+            c.cast::<[u8; 4]>().write_unaligned((h.len() as u32).to_le_bytes());
+            c = c.add(4);
+            for x in h {
+                i.cast::<[u8; 8]>().write_unaligned(x.id.to_le_bytes());
+                sc.cast::<[u8; 4]>().write_unaligned(x.score.to_le_bytes());
+                i = i.add(8);
+                sc = sc.add(4);
+            }
+        }
+    }
+    Ok(len)
+}
+
+/// The TOO_LARGE message for a response of `len` bytes.
+fn too_large(len: usize, cap: usize) -> Vec<u8> {
+    format!("response of {len} bytes exceeds the slot size of {cap} bytes (option slot_bytes)").into_bytes()
+}
+
+/// A request's answer: a body to copy into the slot, or the length of one already written
+/// there (by an engine for a lone recall, `SearchRequest::direct`, or by `do_recalls`).
 #[derive(Clone)]
 enum Reply {
     Body(Status, Vec<u8>),
