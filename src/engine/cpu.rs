@@ -805,11 +805,7 @@ impl Engine for CpuEngine {
         let nq = req.nq;
         let metric = store.metric();
         let len = store.len();
-        out.resize_with(nq, Vec::new);
-        out.truncate(nq);
-        for o in out.iter_mut() {
-            o.clear();
-        }
+        super::reset_out(out, nq);
         if nq == 0 || req.k == 0 || len == 0 || dim == 0 {
             return Ok(());
         }

@@ -1464,7 +1464,7 @@ impl CudaEngine {
         // Host-side phases for KALOS_BATCH_PROFILE: until the first GEMM is queued, and after
         // the last group's results are back.
         let (mut t_params, mut t_staged, mut t_inputs, mut t_queued, mut t_synced) = (None, None, None, None, None);
-        out.clear();
+        super::reset_out(out, nq_all);
         for q0 in (0..nq_all).step_by(nqt) {
             let m = (nq_all - q0).min(nqt);
             // Queries in the client's slot (req.slot) are copied to the device as they are and
@@ -1477,7 +1477,9 @@ impl CudaEngine {
             // ensure_batch for nqt >= m queries, `tile` rows and `cap` candidates per query.
             unsafe {
                 let pb = std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>());
-                ck("H2D params", sys::cuMemcpyHtoD_v2(d_params, pb.as_ptr() as *const c_void, pb.len()))?;
+                // Async: a pageable source is staged before the call returns, so the host does
+                // not wait for the copy; `p` outlives this group's sync_stream anyway.
+                ck("H2D params", sys::cuMemcpyHtoDAsync_v2(d_params, pb.as_ptr() as *const c_void, pb.len(), self.stream))?;
                 t_params.get_or_insert_with(|| t_start.elapsed());
                 let (sb, sl) = self.staging;
                 let qa = qs.as_ptr() as usize;
@@ -1626,7 +1628,7 @@ impl CudaEngine {
                 if c > k {
                     return Err(Error::new(Status::Cuda, format!("GPU returned {c} hits for k = {k} (candidate buffer overflow?)")));
                 }
-                out.push((0..c).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }).collect());
+                out[q0 + i].extend((0..c).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }));
             }
         }
         if self.batch_times.len() < 1 << 16 {

@@ -70,6 +70,16 @@ pub trait Engine: Send {
     }
 }
 
+/// Makes `out` hold `nq` empty hit lists, keeping the lists (and their capacity) it already has:
+/// the server passes the same `out` to every search, so a batch's lists are not reallocated.
+pub fn reset_out(out: &mut Vec<Vec<Hit>>, nq: usize) {
+    out.truncate(nq);
+    for o in out.iter_mut() {
+        o.clear();
+    }
+    out.resize_with(nq, Vec::new);
+}
+
 /// `req` with its slot queries ([`SearchRequest::slot`]) copied into `buf` and checked finite, for
 /// code that reads `req.queries`; `req` itself when it has none.
 pub fn with_host_queries<'a>(req: &SearchRequest<'a>, buf: &'a mut Vec<f32>) -> Result<SearchRequest<'a>> {
@@ -241,6 +251,20 @@ pub fn reference_search(store: &Store, req: &SearchRequest<'_>) -> Vec<Vec<(f64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reset_out_empties_and_keeps_the_lists() {
+        let mut out: Vec<Vec<Hit>> = (0..4).map(|i| vec![Hit { id: i, score: 1.0 }; 10]).collect();
+        let ptrs: Vec<*const Hit> = out.iter().map(|v| v.as_ptr()).collect();
+        reset_out(&mut out, 3);
+        assert_eq!(out.len(), 3);
+        assert!(out.iter().all(|v| v.is_empty() && v.capacity() >= 10));
+        assert!(out.iter().zip(&ptrs).all(|(v, &p)| v.as_ptr() == p), "the lists were reallocated");
+        reset_out(&mut out, 5);
+        assert_eq!(out.len(), 5);
+        assert!(out.iter().all(|v| v.is_empty()));
+        assert_eq!(out[0].as_ptr(), ptrs[0]);
+    }
 
     #[test]
     fn topk_keeps_best_and_breaks_ties_by_lower_id() {
