@@ -531,20 +531,21 @@ impl Segment {
         }
         // Parts of whole 1024-value blocks; the first bad index is the smallest any part finds.
         let part = src.len().div_ceil(threads).div_ceil(COPY_BLOCK) * COPY_BLOCK;
+        // A part is copied on its own thread where one can be started, else on this thread
+        // (a process at its thread limit still gets its batch copied).
+        let copy_part = |p: usize, c: &[f32]| {
+            // SAFETY: as above; the parts are disjoint sub-ranges of the same area.
+            unsafe { copy_finite(dst + p * part * 4, c) }.map(|j| p * part + j)
+        };
         std::thread::scope(|sc| {
-            let mut rest = src.chunks(part).enumerate();
-            let (_, first) = rest.next().expect("a non-empty batch");
-            let handles: Vec<_> = rest
-                .map(|(p, c)| {
-                    // SAFETY: as above; the parts are disjoint sub-ranges of the same area.
-                    sc.spawn(move || unsafe { copy_finite(dst + p * part * 4, c) }.map(|j| p * part + j))
-                })
-                .collect();
-            // SAFETY: as above (part 0).
-            let mut bad = unsafe { copy_finite(dst, first) };
-            for h in handles {
-                // A part's thread cannot panic (plain copies and compares); treat it as bad data.
-                let r = h.join().unwrap_or(Some(0));
+            let mut parts = src.chunks(part).enumerate();
+            let first = parts.next().expect("a non-empty batch");
+            let started: Vec<_> = parts.map(|(p, c)| (p, c, std::thread::Builder::new().spawn_scoped(sc, move || copy_part(p, c)).ok())).collect();
+            let mut bad = copy_part(first.0, first.1);
+            for (p, c, h) in started {
+                // A part's thread cannot panic (plain copies and compares); if it did, the part
+                // is copied again here.
+                let r = h.and_then(|h| h.join().ok()).unwrap_or_else(|| copy_part(p, c));
                 bad = match (bad, r) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
