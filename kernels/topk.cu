@@ -1196,7 +1196,7 @@ __device__ __forceinline__ void batch_filter_body(const unsigned char* __restric
                 if (i < l1) {
                     // Inf here is an f16 tile's overflow; -Inf scores are caught too, since
                     // the fast rejection sends them here while the bound is 0 or -Inf itself.
-                    if (SV == 8 && (__float_as_uint(e[j]) & 0x7f800000u) == 0x7f800000u) *overflow = 1u;
+                    if (SV == 8 && (__float_as_uint(e[j]) & 0x7f800000u) == 0x7f800000u) atomicOr(overflow, 1u);
                     kk = make_key(e[j], qn, row0 + i, P, T, sns);
                 }
                 const bool keep = kk != 0u && kk >= lb;
