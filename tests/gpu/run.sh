@@ -3,7 +3,8 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [correctness|probe|bench|harness]...   (default: all). Logs go to $OUT.
+# Usage: bash run.sh [correctness|probe|breakdown|bench|harness]...   (default: all but
+# breakdown). Logs go to $OUT.
 # probe: gpu_probe (examples/gpu_probe.rs), the batch engine in-process under the settings in
 # $PROBE_SETTINGS (pipe:gemm_sms:score16), each checked against the first.
 set -u
@@ -33,6 +34,14 @@ fi
 if [[ " $WHAT " == *" probe "* ]] && [ -x ./gpu_probe ]; then
   timeout ${T_PROBE:-150} ./gpu_probe ${PROBE_ARGS:-1000000 768 f16 1024} ${PROBE_SETTINGS:-0:0:0 0:0:1 1:0:1 1:0:0} > "$OUT/probe.log" 2>&1; r=$?
   cat "$OUT/probe.log" | cut -c1-260; P_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" breakdown "* ]]; then
+  # A batch's client / server / engine time from a separate process (batch_breakdown.py), the
+  # defaults alternated with plain stores in the client's copy (KALOS_COPY_NT=0).
+  for nt in 1 0 1 0; do
+    KALOS_COPY_NT=$nt timeout ${T_BREAKDOWN:-60} python3 batch_breakdown.py ${BREAKDOWN_ARGS:-1000000 768 1 1024 100} 2>&1 \
+      | grep -E "batch_breakdown|batched searches of 1024|Error" | sed "s/^/KALOS_COPY_NT=$nt /" | cut -c1-330 | tee -a "$OUT/breakdown.log"
+  done
 fi
 if [[ " $WHAT " == *" bench "* ]]; then
   timeout ${T_BENCH:-240} python3 bench.py > "$OUT/bench.log" 2>&1; r=$?
