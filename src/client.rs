@@ -343,8 +343,7 @@ impl Kalos {
                 // Give the slot back unsubmitted (the same claim, state FREE).
                 slot.client_start_ticks.store(0, Ordering::Relaxed);
                 let _ = slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
-                let at = f.base + i;
-                return Err(Error::new(Status::NonFinite, format!("{} holds a non-finite value ({}) at index {at}", f.what, f.v[i])));
+                return Err(non_finite(f.what, f.v[i], f.base + i));
             }
         }
         let submitted = shm::with_state(word, shm::SLOT_SUBMITTED);

@@ -937,10 +937,16 @@ impl Server {
                     // Without payloads the body goes straight into the request's slot (the
                     // server thread owns it until it publishes or releases it, as for
                     // `DirectOut`): no encoding buffer, no copy of it into the slot.
-                    Ok(()) if job.flags & FLAG_PAYLOADS == 0 => match write_hits_into_slot(&self.seg, batch[job.idx].slot, &out[job.q_off..job.q_off + job.nq], job.k) {
-                        Ok(len) => Reply::InSlot(len),
-                        Err(len) => Reply::Body(Status::TooLarge, too_large(len, self.seg.data_bytes())),
-                    },
+                    Ok(()) if job.flags & FLAG_PAYLOADS == 0 => {
+                        let lists = out[job.q_off..job.q_off + job.nq].iter().map(|h| &h[..h.len().min(job.k)]);
+                        // SAFETY: the data area of the request's own slot, data_bytes long, which
+                        // the server thread owns until it publishes or releases it (a client that
+                        // gave up only marks it abandoned).
+                        match unsafe { write_recall_body(self.seg.slot_data(batch[job.idx].slot), self.seg.data_bytes(), lists) } {
+                            Ok(len) => Reply::InSlot(len),
+                            Err(len) => Reply::Body(Status::TooLarge, too_large(len, self.seg.data_bytes())),
+                        }
+                    }
                     Ok(()) => {
                         let w = &mut self.resp;
                         w.clear();
@@ -973,40 +979,6 @@ impl Server {
         }
         self.search_out = out;
     }
-}
-
-/// Writes a recall response body for `hits` (each query's first `k`: counts, then ids, then
-/// scores, little-endian, as `Writer` encodes them and the client parses them) straight into
-/// slot `slot`'s data area. Returns its length; Err(length) when it does not fit (nothing
-/// written).
-fn write_hits_into_slot(seg: &Segment, slot: usize, hits: &[Vec<Hit>], k: usize) -> std::result::Result<usize, usize> {
-    let nq = hits.len();
-    let total: usize = hits.iter().map(|h| h.len().min(k)).sum();
-    let len = 4 * nq + 12 * total;
-    if len > seg.data_bytes() {
-        return Err(len);
-    }
-    let base = seg.slot_data(slot);
-    // SAFETY: every write below lands in [base, base + len), inside the slot's data area (len
-    // <= data_bytes, checked above): counts in [0, 4nq), ids in [4nq, 4nq + 8total), scores
-    // after them, `total` entries each. The server thread owns the slot until it publishes or
-    // releases it (a client that gave up only marks it abandoned), so no one else is answering
-    // through it; unaligned writes, since the offsets are only 4-byte aligned.
-    unsafe {
-        let (mut c, mut i, mut sc) = (base, base.add(4 * nq), base.add(4 * nq + 8 * total));
-        for h in hits {
-            let h = &h[..h.len().min(k)];
-            c.cast::<[u8; 4]>().write_unaligned((h.len() as u32).to_le_bytes());
-            c = c.add(4);
-            for x in h {
-                i.cast::<[u8; 8]>().write_unaligned(x.id.to_le_bytes());
-                sc.cast::<[u8; 4]>().write_unaligned(x.score.to_le_bytes());
-                i = i.add(8);
-                sc = sc.add(4);
-            }
-        }
-    }
-    Ok(len)
 }
 
 /// The TOO_LARGE message for a response of `len` bytes.

@@ -273,29 +273,61 @@ impl DirectOut {
         4 + 12 * n
     }
 
-    /// Writes one query's recall response body (count u32, ids u64[n], scores f32[n],
-    /// little-endian) at `host` and records its length. Returns false, writing nothing, when it
-    /// does not fit in `cap` bytes (the server then encodes the response itself).
+    /// Writes one query's recall response body (`write_recall_body`) at `host` and records its
+    /// length. Returns false, writing nothing, when it does not fit in `cap` bytes (the server
+    /// then answers the request itself).
     pub fn write_hits(&self, hits: &[Hit]) -> bool {
-        let n = hits.len();
-        let len = Self::body_len(n);
-        if self.host.is_null() || len > self.cap {
+        if self.host.is_null() {
             return false;
         }
         // SAFETY: the server hands out a DirectOut only for the data area of the request's own
         // slot, `cap` bytes at `host`, which no other thread writes until the server publishes
-        // the response; len <= cap; unaligned stores of plain integers through raw pointers
-        // (the bytes are shared memory, so no reference to them is formed).
-        unsafe {
-            std::ptr::write_unaligned(self.host as *mut u32, (n as u32).to_le());
-            for (i, h) in hits.iter().enumerate() {
-                std::ptr::write_unaligned(self.host.add(4 + 8 * i) as *mut u64, h.id.to_le());
-                std::ptr::write_unaligned(self.host.add(4 + 8 * n + 4 * i) as *mut u32, h.score.to_bits().to_le());
+        // the response.
+        match unsafe { write_recall_body(self.host, self.cap, std::iter::once(hits)) } {
+            Ok(len) => {
+                self.written.set(len);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Writes a recall response body for `lists` (one hit list per query) at `host`, in the wire
+/// format of `protocol`: a u32 count per query, then every query's ids (u64), then every
+/// query's scores (f32), little-endian. Returns its length; Err(length) when that exceeds `cap`
+/// (nothing written).
+///
+/// # Safety
+/// `host` must be valid for writes of `cap` bytes that no other thread writes meanwhile (the
+/// data area of a slot the server thread owns until it publishes or releases it).
+pub unsafe fn write_recall_body<'a, I>(host: *mut u8, cap: usize, lists: I) -> std::result::Result<usize, usize>
+where
+    I: Iterator<Item = &'a [Hit]> + Clone,
+{
+    let (nq, total) = lists.clone().fold((0, 0), |(q, t), h| (q + 1, t + h.len()));
+    let len = 4 * nq + 12 * total;
+    if len > cap {
+        return Err(len);
+    }
+    // SAFETY: every write lands in [host, host + len), len <= cap (the caller's contract): the
+    // counts in [0, 4nq), the ids in [4nq, 4nq + 8total), the scores after them, `total` each.
+    // Unaligned stores of plain integers through raw pointers (the bytes are shared memory, so
+    // no reference to them is formed; the offsets are only 4-byte aligned).
+    unsafe {
+        let (mut c, mut i, mut s) = (host, host.add(4 * nq), host.add(4 * nq + 8 * total));
+        for h in lists {
+            c.cast::<[u8; 4]>().write_unaligned((h.len() as u32).to_le_bytes());
+            c = c.add(4);
+            for x in h {
+                i.cast::<[u8; 8]>().write_unaligned(x.id.to_le_bytes());
+                s.cast::<[u8; 4]>().write_unaligned(x.score.to_le_bytes());
+                i = i.add(8);
+                s = s.add(4);
             }
         }
-        self.written.set(len);
-        true
     }
+    Ok(len)
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -323,15 +355,24 @@ pub fn validate_name(name: &str) -> Result<()> {
 
 /// Checks that every value is finite.
 pub fn check_finite(v: &[f32], what: &str) -> Result<()> {
-    // Branch-free over blocks of 64 (the compiler vectorises the fold; an early-exit scan does
-    // not): a 3 MB batch is checked on both sides of every request.
-    for (b, chunk) in v.chunks(64).enumerate() {
-        if !chunk.iter().fold(true, |ok, x| ok & x.is_finite()) {
-            let i = b * 64 + chunk.iter().position(|x| !x.is_finite()).unwrap_or(0);
-            return Err(Error::new(Status::NonFinite, format!("{what} holds a non-finite value ({}) at index {i}", v[i])));
-        }
+    match first_non_finite(v) {
+        Some(i) => Err(non_finite(what, v[i], i)),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The index of the first NaN or infinity in `v`. Branch-free over blocks of 64 (the compiler
+/// vectorises the fold; an early-exit scan does not): batches of megabytes are checked.
+pub fn first_non_finite(v: &[f32]) -> Option<usize> {
+    v.chunks(64)
+        .enumerate()
+        .find(|(_, c)| !c.iter().fold(true, |ok, x| ok & x.is_finite()))
+        .map(|(b, c)| b * 64 + c.iter().position(|x| !x.is_finite()).unwrap_or(0))
+}
+
+/// The NON_FINITE error for `value`, found at index `at` of the caller's `what`.
+pub fn non_finite(what: &str, value: f32, at: usize) -> Error {
+    Error::new(Status::NonFinite, format!("{what} holds a non-finite value ({value}) at index {at}"))
 }
 
 pub fn check_k(k: usize) -> Result<()> {

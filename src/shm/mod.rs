@@ -614,9 +614,8 @@ fn copy_threads() -> usize {
 /// `dst` must be valid for writes of `src.len() * 4` bytes and must not overlap `src`.
 unsafe fn copy_finite(dst: usize, src: &[f32]) -> Option<usize> {
     for (b, chunk) in src.chunks(COPY_BLOCK).enumerate() {
-        // Branch-free fold (vectorised), as in types::check_finite.
-        if !chunk.iter().fold(true, |ok, x| ok & x.is_finite()) {
-            return Some(b * COPY_BLOCK + chunk.iter().position(|x| !x.is_finite()).unwrap_or(0));
+        if let Some(j) = crate::types::first_non_finite(chunk) {
+            return Some(b * COPY_BLOCK + j);
         }
         let d = dst + b * COPY_BLOCK * 4;
         #[cfg(target_arch = "x86_64")]
