@@ -392,7 +392,7 @@ void kalos_recall_args_init(struct kalos_recall_args *args);
 // Query i's hits are at `ids[i*k ..]`/`scores[i*k ..]` and its hit count at `counts[i]`;
 // `ids_len`, `scores_len` ≥ nq × k and `counts_len` ≥ nq. The server runs concurrent queries
 // as one batch. Thread-safe. The queries are checked finite while they are copied into the
-// request slot; a request of 1 MiB or more is copied by up to 4 threads that the call spawns
+// request slot; a request of 1 MiB or more is copied by up to 8 threads that the call spawns
 // and joins before it returns (at most half the CPUs; `KALOS_COPY_THREADS=1` keeps the copy on
 // the calling thread), with streaming stores on x86_64 (`KALOS_COPY_NT=0` turns them off).
 //

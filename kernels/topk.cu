@@ -273,6 +273,7 @@ struct SelShared {
     u32 idneed, tie;  // tie: 1 when tied rows are cut by id (idprefix is the largest id taken)
     u32 cnt;
     u32 last;
+    u32 mbound, mtotal;  // values read from global memory by one thread for the whole block
 };
 
 // Inclusive scan of one value per thread (NT threads), top-down or bottom-up order handled by
@@ -403,12 +404,13 @@ __device__ __forceinline__ bool take(const A& a, u32 i, u32 kk, const SelShared&
 }
 
 // Selects the top k of a[0..m) and writes (key,row) pairs to okey/orow; returns the count
-// (valid in every thread). With `ties`, every element tied with the k-th key is taken too, at
+// (valid in every thread), at most k written. With `ties`, every element tied with the k-th key is taken too, at
 // most `lim` (>= k) written; S.cnt then holds how many were taken (> lim: the output is
 // incomplete and the caller reports an overflow).
 template <class A>
 __device__ u32 select_to(const A& a, u32 m, u32 k, SelShared& S, u32* okey, u32* orow, bool ties = false,
                          u32 lim = 0xFFFFFFFFu) {
+    if (!ties) lim = min(lim, k);  // without ties exactly k are taken (ids are unique); enforced
     select_rule(a, m, k, S, ties);
     if (threadIdx.x == 0) S.cnt = 0;
     __syncthreads();
@@ -941,14 +943,19 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (!S.last) return;
     if (PROF && t == 0) stamp(out, 3);
     __threadfence();
-    const u32 bound = __ldcg(ctl + 1), total = fixed ? P.grid * k : __ldcg(ctl + 2);
-    __syncthreads();
-    if (PROF && t == 0) stamp(out, 4);
-    if (t == 0) {  // ready for the next replay (every other block is done with ctl)
+    // One thread reads the bound and the count for the block (every barrier decision below then
+    // rests on shared memory, not on per-thread reads of global memory) and resets ctl, ready
+    // for the next replay (every other block is done with it).
+    if (t == 0) {
+        S.mbound = __ldcg(ctl + 1);
+        S.mtotal = fixed ? P.grid * k : __ldcg(ctl + 2);
         ctl[0] = 0u;
         ctl[1] = 0u;
         ctl[2] = 0u;
     }
+    __syncthreads();
+    const u32 bound = S.mbound, total = S.mtotal;
+    if (PROF && t == 0) stamp(out, 4);
     merge_flat(cand_key, cand_row, total, bound, k, T.ids, (u32*)P.dst, smem, S, out);
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
@@ -1324,7 +1331,10 @@ __device__ __forceinline__ void tighten_or_final(const unsigned char* in, const 
     __shared__ SelShared S;
     const Params* P = (const Params*)in;
     const u32 q = blockIdx.x, k = P->k, t = threadIdx.x;
-    const u32 cnt = __ldcg(bcnt + q);
+    // One thread reads the count: the early returns below are then the same for every thread.
+    if (t == 0) S.mtotal = __ldcg(bcnt + q);
+    __syncthreads();
+    const u32 cnt = S.mtotal;
     if (cnt > cap) {  // cannot happen with the host's sizing; never return partial results
         if (final && t == 0) out_counts[q] = 0xFFFFFFFFu;
         return;

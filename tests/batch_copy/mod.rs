@@ -1,6 +1,7 @@
 //! Shared by tests/copy_threads.rs and tests/copy_plain.rs: a large batch's queries are
-//! checked and copied into the slot in parts; every part arrives intact and the first bad value
-//! is the one reported, whichever thread found it.
+//! checked and copied into the slot in chunks of 16384 values that several threads take from a
+//! shared counter; every chunk arrives intact and the first bad value is the one reported,
+//! whichever thread found it.
 
 use kalos::*;
 use rand::{Rng, SeedableRng};
@@ -18,26 +19,28 @@ pub fn large_batches_are_copied_in_parts_and_checked(tag: &str, threads: usize) 
     let n = 3000usize;
     let v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
     st.upsert(&(0..n as u64).collect::<Vec<_>>(), &v, &UpsertOptions::default()).unwrap();
-    // 5000 queries x 64 x 4 bytes = 1.28 MB: over the 1 MiB split threshold. Parts are whole
-    // blocks of 1024 values (16 queries): `rows` queries each.
+    // 5000 queries x 64 x 4 bytes = 1.28 MB: over the 1 MiB split threshold, 20 chunks of
+    // 16384 values (`rows` = 256 queries each), taken by `threads` threads.
     let nq = 5000usize;
     let qs: Vec<f32> = (0..nq * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let rows = (nq * dim).div_ceil(threads).div_ceil(1024) * 1024 / dim;
-    assert!(threads >= 2 && rows * (threads - 1) < nq, "{threads} parts of {rows} queries");
+    let rows = 16384 / dim;
+    let chunks = nq.div_ceil(rows);
+    assert!(threads >= 2);
     let res = st.recall_batch(&qs, nq, 4, &RecallOptions::default()).unwrap();
     assert_eq!(res.len(), nq);
-    // Every part arrived intact: each row's answer is the single query's (checked on a spread
-    // of rows, covering every part and both ends of each).
-    let edges = (1..threads).flat_map(|p| [p * rows - 1, p * rows]);
+    // Every chunk arrived intact: each row's answer is the single query's (checked on a spread
+    // of rows, covering every chunk and both ends of each).
+    let edges = (1..chunks).flat_map(|p| [p * rows - 1, p * rows]);
     for i in (0..nq).step_by(97).chain(edges).chain([0, nq - 1]) {
         let single = st.recall(&qs[i * dim..(i + 1) * dim], 4, &RecallOptions::default()).unwrap();
         assert_eq!(res[i].iter().map(|h| h.id).collect::<Vec<_>>(), single.iter().map(|h| h.id).collect::<Vec<_>>(), "row {i}");
     }
-    // Bad values in two parts: the error names the first, whichever thread found it first.
-    // (early in the second part and late in the last; in the first and the last; at the start
-    // of the last part; the very last value alone)
-    let last = (threads - 1) * rows * dim;
-    for (early, late) in [(rows * dim + 5, nq * dim - 70), (100, last + 63), (last, last + 1), (nq * dim - 1, nq * dim - 1)] {
+    // Bad values in two chunks: the error names the first, whichever thread found it first.
+    // (early in the second chunk and late in the last; in the first and the last; at the start
+    // of the last chunk; the very last value alone; in one chunk's last block and the next
+    // chunk's first value)
+    let last = (chunks - 1) * rows * dim;
+    for (early, late) in [(rows * dim + 5, nq * dim - 70), (100, last + 63), (last, last + 1), (nq * dim - 1, nq * dim - 1), (3 * rows * dim - 2, 3 * rows * dim)] {
         let mut b = qs.clone();
         b[late] = f32::INFINITY;
         b[early] = f32::NAN;

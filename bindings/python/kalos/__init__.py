@@ -590,7 +590,7 @@ class Kalos:
         Returns ``(ids, scores, counts)``: ids uint64 ``(nq, k)``, scores float32 ``(nq, k)``,
         counts ``(nq,)`` hits per row. Row i's hits are ``ids[i, :counts[i]]``; the rest of a
         row is padded with :data:`NO_ID` and NaN. Filters as in :meth:`recall`. A batch of
-        1 MiB or more of queries is checked and copied into the request slot by up to 4
+        1 MiB or more of queries is checked and copied into the request slot by up to 8
         short-lived threads (``KALOS_COPY_THREADS=1``: this thread only).
         """
         k = _index(k, "k")
