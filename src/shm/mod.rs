@@ -608,8 +608,9 @@ const PAR_COPY_MIN: usize = 1 << 20;
 
 /// Threads for a large checked copy into a slot: `KALOS_COPY_THREADS` (1 = none), else up to
 /// 8, at most half the CPUs this process may use (on the H200's 16-core host, 1024 x 768
-/// batches: client minus server time 0.51 ms with 1 thread, 0.37 with 2 and 4, 0.26 with 8;
-/// tenth session). Read once.
+/// batches, one sweep: client minus server time 0.51 ms with 1 thread, 0.37 with 2 and 4, 0.26
+/// with 8; later runs with 8 gave 0.39-0.54, so 8 over 4 is not firmly established; tenth
+/// session). Read once.
 fn copy_threads() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {

@@ -28,6 +28,13 @@ def main():
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = srv.stdout.readline()
     assert line.startswith("READY"), line
+    if os.environ.get("BREAKDOWN_TORCH") == "1":
+        # As bench.py's client process: torch imported and CUDA used in this process first.
+        import torch
+        a = torch.randn(4096, 4096, device="cuda")
+        torch.cuda.synchronize()
+        print("BREAKDOWN_TORCH torch %s threads %d, cpus of this process %d" % (torch.__version__, torch.get_num_threads(), len(os.sched_getaffinity(0))), float((a @ a).sum()), flush=True)
+    print("cpus of this process %d" % len(os.sched_getaffinity(0)), flush=True)
     kc = kalos.open(name, role="client", client_spin_ns=1_000_000_000)
     rng = np.random.default_rng()
     qs = [rng.standard_normal((b, dim), dtype=np.float32) for _ in range(4)]
