@@ -172,6 +172,13 @@ thread_local! {
     static RESP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// `KALOS_CLIENT_TRACE=1`: every batch call prints where its time went to stderr (a tuning aid
+/// for the GPU benchmarks, where a batch's client side was once mis-estimated). Read once.
+fn trace_batches() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KALOS_CLIENT_TRACE").is_ok_and(|v| v == "1"))
+}
+
 fn deadline_after(ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(ms.min(365 * 24 * 3600 * 1000))
 }
@@ -328,6 +335,7 @@ impl Kalos {
                 format!("request of {req_len} bytes exceeds the slot size of {} bytes (option slot_bytes)", self.seg.data_bytes()),
             ));
         }
+        let t_start = (floats.is_some() && trace_batches()).then(Instant::now);
         let deadline = deadline_after(timeout_ms.unwrap_or(self.timeout_ms));
         let (slot_i, word) = self.claim(deadline)?;
         let slot = self.seg.slot(slot_i);
@@ -350,12 +358,14 @@ impl Kalos {
         if slot.state.compare_exchange(word, submitted, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return Err(Error::new(Status::Internal, "request slot was reclaimed while being written"));
         }
+        let t_submitted = t_start.map(|_| Instant::now());
         let h = self.seg.header();
         if h.server_parked.load(Ordering::SeqCst) != 0 {
             h.doorbell.fetch_add(1, Ordering::SeqCst);
             futex::wake(&h.doorbell, 1);
         }
         self.wait_done(slot_i, submitted, deadline)?;
+        let t_answered = t_start.map(|_| Instant::now());
         let status = Status::from_u32(slot.status.load(Ordering::Acquire));
         let len = (slot.resp_len.load(Ordering::Acquire) as usize).min(self.seg.data_bytes());
         RESP.with(|r| {
@@ -368,7 +378,19 @@ impl Kalos {
             if status != Status::Ok {
                 return Err(Error::new(status, String::from_utf8_lossy(&buf).into_owned()));
             }
-            parse(&buf)
+            let t_read = t_start.map(|_| Instant::now());
+            let r = parse(&buf);
+            if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t_start, t_submitted, t_answered, t_read) {
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                eprintln!(
+                    "kalos client trace: {req_len} B batch request: claim + checked copy {:.1} us, submit -> answer {:.1} us, response read {:.1} us, parsed {:.1} us",
+                    us(t1 - t0),
+                    us(t2 - t1),
+                    us(t3 - t2),
+                    us(t3.elapsed())
+                );
+            }
+            r
         })
     }
 

@@ -551,7 +551,7 @@ impl Segment {
         std::thread::scope(|sc| {
             // A thread that cannot be started (a process at its thread limit) is simply not
             // there: this thread takes its chunks.
-            for _ in 1..threads {
+            for _ in 1..threads.min(chunks) {
                 let _ = std::thread::Builder::new().spawn_scoped(sc, work);
             }
             work();
