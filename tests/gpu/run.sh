@@ -46,6 +46,8 @@ fi
 if [[ " $WHAT " == *" bench "* ]]; then
   timeout ${T_BENCH:-240} python3 bench.py > "$OUT/bench.log" 2>&1; r=$?
   grep -vE "^(READY)" "$OUT/bench.log" | grep -v "round trips" | tail -22; grep "round trips" "$OUT/bench.log" | cut -c1-200 | head -12
+  # With KALOS_CLIENT_TRACE=1 the client printed each batch call's phases: their p50 / p99.
+  [ "${KALOS_CLIENT_TRACE:-}" = 1 ] && python3 trace_summary.py "$OUT/bench.log"
   B_RES="rc=$r"; [ $r -ne 0 ] && RC=1
 fi
 if [[ " $WHAT " == *" harness "* ]]; then
