@@ -721,7 +721,6 @@ fn copy_nt() -> bool {
     *NT.get_or_init(|| !std::env::var("KALOS_COPY_NT").is_ok_and(|v| v == "0"))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
