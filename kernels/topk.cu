@@ -1389,6 +1389,79 @@ extern "C" __global__ void __launch_bounds__(NT) batch_final(const unsigned char
                      q16, nullptr);
 }
 
+// Gated tiles (f16 storage, ip / cosine, no filter, recency or expiry; the host's
+// search_batch_tiles). After the first tile has set every query's bound thr[q] (the k-th key of
+// its rows, kernels above), each later tile's GEMM (cuBLASLt, epilogue RELU_BIAS, queries as the
+// rows of the output) writes max(0, score + bias[q]) in f16, bias[q] = -(thr[q] - margin), so a
+// score tile is zero except where a row may still enter q's top k; gate_scan streams the tile and
+// appends every nonzero (q, row) to q's candidate buffer, and batch_final rescores all of them in
+// f32. No per-query cuts are needed: the buffers only grow by the rows above the bound.
+//
+// The margin keeps the gate conservative. thr[q] is an f16-rounded GEMM score: the k rows of the
+// first tile it came from score at least thr[q] - ulp/2 in f32, so q's final k-th score does too;
+// any row above that passes the gate when margin >= ulp/2 plus the f32 rounding difference of two
+// summation orders. margin = max(|thr|, |top|) / 512 (top: q's best key so far) is at least one
+// f16 ulp of thr and, for scores near zero, a fraction of the scale of q's scores; the bias is
+// then rounded up to f16 (the gate only widens). A query with no bound (thr = 0) gets bias +inf:
+// every row passes, the buffer overflows and the host answers the batch again from f32 tiles.
+extern "C" __global__ void gate_bias(const u32* __restrict__ thr, const u32* __restrict__ bkey,
+                                     const u32* __restrict__ bcnt, u32 cap, u32 m, u16* bias) {
+    const u32 q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= m) return;
+    const u32 key = thr[q];
+    if (key == 0u) {
+        bias[q] = 0x7c00u;  // +inf
+        return;
+    }
+    const float t = key2f(key);
+    float top = t;
+    const u32 c = min(bcnt[q], cap);
+    for (u32 i = 0; i < c; i++) top = fmaxf(top, key2f(bkey[(size_t)q * cap + i]));
+    const float margin = fmaxf(fabsf(t), fabsf(top)) * (1.0f / 512.0f);
+    const float b = -(t - margin);
+    u16 h = f2h(b);  // nearest; step up when below b (the bias may only grow)
+    if (!(h2f(h) >= b)) h = (h & 0x8000u) ? (h == 0x8000u ? (u16)1u : (u16)(h - 1u)) : (u16)(h + 1u);
+    bias[q] = h;
+}
+
+// Appends every nonzero score of a gated tile (f16, ldm x rows, queries contiguous per row; the
+// padding queries m..ldm are skipped) to its query's buffer. Candidates past `cap` set bit 2 of
+// *overflow (the host answers the batch again from f32 tiles). Keys are placeholders: batch_final
+// rescores every candidate of an f16 batch. -0 counts as zero.
+__device__ __forceinline__ void gate_emit(const uint4& v, unsigned long long i, u32 ldm, u32 m, u32 row0, u32* bkey,
+                                          u32* brow, u32* bcnt, u32 cap, u32* overflow) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    if (((w[0] | w[1] | w[2] | w[3]) & 0x7fff7fffu) == 0u) return;
+    for (int j = 0; j < 8; j++) {
+        if (((w[j >> 1] >> ((j & 1) * 16)) & 0x7fffu) == 0u) continue;
+        const unsigned long long e = i * 8 + (unsigned long long)j;
+        const u32 q = (u32)(e % ldm), r = (u32)(e / ldm);
+        if (q >= m) continue;
+        const u32 pos = atomicAdd(bcnt + q, 1u);
+        if (pos < cap) {
+            bkey[(size_t)q * cap + pos] = 1u;
+            brow[(size_t)q * cap + pos] = row0 + r;
+        } else {
+            atomicOr(overflow, 2u);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) gate_scan(const uint4* __restrict__ d, unsigned long long n16, u32 ldm,
+                                                         u32 m, u32 row0, u32* bkey, u32* brow, u32* bcnt, u32 cap,
+                                                         u32* overflow) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * NT;
+    unsigned long long i = (unsigned long long)blockIdx.x * NT + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = __ldcs(d + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) gate_emit(v[u], i + u * stride, ldm, m, row0, bkey, brow, bcnt, cap, overflow);
+    }
+    for (; i < n16; i += stride) gate_emit(__ldcs(d + i), i, ldm, m, row0, bkey, brow, bcnt, cap, overflow);
+}
+
 // Stores v at element i of a storage-type array (f32, f16 or bf16 by DTYPE).
 __device__ __forceinline__ void store_elem(void* base, size_t i, float v) {
 #if DTYPE == 0

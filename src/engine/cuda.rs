@@ -23,6 +23,8 @@ use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 
+mod lt;
+
 use super::cpu::CpuEngine;
 use super::{Engine, EngineKind};
 use crate::client::Options;
@@ -90,6 +92,17 @@ pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
 /// they meet near 4k rows × 128 (2 MiB, ~128 KiB a participant).
 /// `KALOS_GPU_MIN_SPLIT_BYTES` overrides it (0: the pool never takes a GPU-sized table).
 const CPU_SPLIT_BYTES_PER_THREAD: usize = 128 << 10;
+/// Score tile bytes (counted as f32, as SCORE16_TILE_BYTES) of a gated batch: 131072 rows for
+/// 1024 queries. On the H200 (1024 x 1M x 768 f16, gated GEMMs + scans pipelined): 2.76 ms at
+/// 131072 rows a tile, 2.94 at 98304, 3.08 at 65536 (docs/benchmarks/gpu.md, eleventh session).
+const GATE_TILE_BYTES: usize = 512 << 20;
+/// Candidates a query's buffer holds in a gated batch: the first tile's cut (up to 2k) and
+/// every later row above the query's bound (about k per tile of the first tile's size on
+/// random data); past it the batch is answered again from f32 tiles.
+const GATE_CAP: usize = 2048;
+/// Fewest rows of a gated batch's first tile (16384 was slower than 32768-65536 on the H200).
+const GATE_FIRST_MIN: usize = 32768;
+
 /// Largest k answered from f16 score tiles (their cuts keep up to 2k tied rows per filter block).
 const SCORE16_MAX_K: usize = 256;
 
@@ -436,6 +449,8 @@ struct BatchBufs {
     d_oscores: DevBuf,
     d_ocnt: DevBuf,
     d_thr: DevBuf,
+    /// Gated tiles: each query's bias (f16), -(bound - margin) (gate_bias).
+    d_bias: DevBuf,
     /// f16 score tiles: set by batch_filter_h when a score overflowed the f16 range.
     d_overflow: DevBuf,
 }
@@ -457,6 +472,7 @@ impl BatchBufs {
             d_oscores: DevBuf::empty(),
             d_ocnt: DevBuf::empty(),
             d_thr: DevBuf::empty(),
+            d_bias: DevBuf::empty(),
             d_overflow: DevBuf::empty(),
         }
     }
@@ -496,6 +512,24 @@ pub struct CudaEngine {
     score16_overflows: u64,
     f_tighten: sys::CUfunction,
     f_final: sys::CUfunction,
+    f_gate_bias: sys::CUfunction,
+    f_gate_scan: sys::CUfunction,
+    /// Gated tiles (kernels/topk.cu, "Gated tiles"; `KALOS_GATE=0` turns them off): f16 batches
+    /// with no filter score every tile after the first with a cuBLASLt GEMM that zeroes the rows
+    /// below each query's bound, and gate_scan collects the rest. Cleared for good when
+    /// cuBLASLt is missing or fails (`gate_off` says why).
+    gate: bool,
+    lt: Option<lt::Lt>,
+    gate_off: Option<String>,
+    /// Batches answered with gated tiles (for the report).
+    gated_batches: u64,
+    /// Rows of a gated batch's first tile (`KALOS_GATE_FIRST`, tuning; default n * k / 160).
+    gate_first: Option<usize>,
+    /// The batch in progress uses gated tiles (search_batch answers it again without them if it
+    /// fails).
+    gating: bool,
+    /// Score tile bytes of a gated batch (counted as f32, like tile16_bytes).
+    gate_tile_bytes: usize,
     /// Rows per score tile: this many bytes of f32 scores for the batch's queries (f16 tiles
     /// hold half the bytes), `tile16_bytes` for f16 tiles.
     tile_bytes: usize,
@@ -728,6 +762,8 @@ impl CudaEngine {
         let f_filter_h = getf("batch_filter_h")?;
         let f_tighten = getf("batch_tighten")?;
         let f_final = getf("batch_final")?;
+        let f_gate_bias = getf("gate_bias")?;
+        let f_gate_scan = getf("gate_scan")?;
         let f_scatter = getf("scatter_rows")?;
         let f_convq = getf("convert_queries")?;
         let f_checkq = getf("check_queries")?;
@@ -779,6 +815,15 @@ impl CudaEngine {
             score16_overflows: 0,
             f_tighten,
             f_final,
+            f_gate_bias,
+            f_gate_scan,
+            gate: dtype == Dtype::F16 && !std::env::var("KALOS_GATE").is_ok_and(|v| v == "0"),
+            lt: None,
+            gate_off: None,
+            gated_batches: 0,
+            gate_first: std::env::var("KALOS_GATE_FIRST").ok().and_then(|v| v.parse::<usize>().ok()),
+            gating: false,
+            gate_tile_bytes: tile_mb.map_or(GATE_TILE_BYTES, tile_mb_bytes),
             tile_bytes: tile_mb.map_or(SCORE_TILE_BYTES, tile_mb_bytes),
             tile16_bytes: tile_mb.map_or(SCORE16_TILE_BYTES, tile_mb_bytes),
             fstep,
@@ -1288,6 +1333,7 @@ impl CudaEngine {
         grow(&mut b.d_oscores, nqp * k * 4, "batch scores")?;
         grow(&mut b.d_ocnt, nqp * 4, "batch counts")?;
         grow(&mut b.d_thr, nqp * 4, "batch thresholds")?;
+        grow(&mut b.d_bias, nqp * 2, "batch gate biases")?;
         // [f16 overflow bits, first non-finite query value of a slot batch (check_queries)]
         grow(&mut b.d_overflow, 8, "batch overflow flag")?;
         Ok(())
@@ -1381,6 +1427,18 @@ impl CudaEngine {
         }
         self.tile16 = self.score16 && self.metric != Metric::L2 && req.recency.is_none() && req.k <= SCORE16_MAX_K;
         let mut r = self.search_batch_tiles(store, req, out);
+        if let (Err(e), true) = (&r, self.gating) {
+            // A gated batch failed (cuBLASLt): answer it again without gating, and keep gating
+            // off for this engine's life. A fault of the GPU itself fails the second try too.
+            // SAFETY: the engine's own streams.
+            unsafe {
+                sys::cuStreamSynchronize(self.fstream);
+                sys::cuStreamSynchronize(self.stream);
+            }
+            self.gate_off = Some(format!("a gated batch failed: {}", e.message));
+            self.lt = None;
+            r = self.search_batch_tiles(store, req, out);
+        }
         if let Ok(Some(bits)) = r {
             // Bit 1: a score beyond the f16 range (vectors of large norm): answer again from f32
             // tiles, and keep to them for this engine's life. Bit 2: a tie group larger than a
@@ -1420,11 +1478,21 @@ impl CudaEngine {
         // Rows a filter block keeps per cut: k, or with f16 tiles up to 2k (ties kept).
         let kx = if self.tile16 { 2 * k } else { k };
         let mut nqt = nq_all.min(1024);
+        // Gated tiles: f16 tiles, pipelined, and no filter, recency or expiry (every row's key
+        // is its score), with cuBLASLt at hand.
+        self.gating = false;
+        let probe = self.fill_params(req, store, n, k, 0, 0);
+        let lt_ok = self.gate && self.tile16 && self.pipe && probe.flags == 0 && probe.nns == NONE_U32 && self.lt_ready();
+        let tile_bytes = match (lt_ok, self.tile16) {
+            (true, _) => self.gate_tile_bytes,
+            (false, true) => self.tile16_bytes,
+            (false, false) => self.tile_bytes,
+        };
         // Filter blocks: one per query and span of a tile's rows, at least ~4 per SM in all.
         let sms = self.sms;
         let fstep = self.fstep;
         let sizes = |nqt: usize| {
-            let tile = ((if self.tile16 { self.tile16_bytes } else { self.tile_bytes }) / (nqt * 4) / fstep * fstep).clamp(fstep, 1 << 22).min(align_up(n, fstep));
+            let tile = (tile_bytes / (nqt * 4) / fstep * fstep).clamp(fstep, 1 << 22).min(align_up(n, fstep));
             let span = align_up(tile.div_ceil((4 * sms).div_ceil(nqt).max(1)), fstep);
             let gx = tile.div_ceil(span);
             let cap = high + gx * kx;
@@ -1434,13 +1502,32 @@ impl CudaEngine {
             nqt /= 2;
         }
         let (tile, span, gx, cap) = sizes(nqt);
-        let ntiles = n.div_ceil(tile);
+        let gated = lt_ok && n > tile;
+        self.gating = gated;
+        // Gated: a first tile of `first` rows sets the bounds (plain GEMM + filter), then gated
+        // tiles of `tile` rows. Rows passing a bound: about k * (n - first) / first a query on
+        // random data.
+        // Default n * k / 160 rows (~160 rows passing a query's bound on random data); 65536 at
+        // 1M rows and k = 10, the best of 16k-131k rows on the H200 (docs/benchmarks/gpu.md).
+        let first = if gated { self.gate_first.unwrap_or(n * k / 160).clamp(GATE_FIRST_MIN.min(tile), tile) / fstep * fstep } else { tile };
+        let tiles: Vec<(usize, usize)> = if gated {
+            std::iter::once((0, first)).chain((first..n).step_by(tile).map(|r0| (r0, (n - r0).min(tile)))).collect()
+        } else {
+            (0..n.div_ceil(tile)).map(|t| (t * tile, (n - t * tile).min(tile))).collect()
+        };
+        let ntiles = tiles.len();
+        // Gated: room for the first tile's cut and 4x the rows expected to pass the bounds.
+        let cap = if gated { cap.max(GATE_CAP).max(kx + 4 * k * (n - first).div_ceil(first)).min(CAND_BYTES / (8 * align_up(nqt, 8))) } else { cap };
         // Pipelined: the GEMM of tile t+1 (stream) runs while tile t is filtered (fstream),
         // into the other of two score tiles. f16 tiles only: with f32 tiles it was slower on the
         // H200 (1024 x 1M x 768 f16 storage, engine p50 6.04 -> 6.45 ms; with f16 tiles 5.03 ->
         // 4.77 ms; docs/benchmarks/gpu.md, seventh session).
         let pipe = self.pipe && self.tile16 && ntiles > 1;
-        self.ensure_batch(nqt, k, tile, cap, pipe)?;
+        // Gated tiles hold align_up(m, 8) scores a row.
+        self.ensure_batch(if gated { align_up(nqt, 8) } else { nqt }, k, tile, cap, pipe)?;
+        if gated {
+            self.gated_batches += 1;
+        }
         let b = self.batch.as_ref().unwrap();
         let (d_qf32, d_q, d_qn, d_params, d_scores) = (b.d_qf32.ptr, b.d_q.ptr, b.d_qn.ptr, b.d_params.ptr, b.d_scores.ptr);
         let d_scores2 = b.d_scores2.ptr;
@@ -1454,7 +1541,7 @@ impl CudaEngine {
         }
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
-        let (d_thr, d_ovf) = (b.d_thr.ptr, b.d_overflow.ptr);
+        let (d_thr, d_ovf, d_bias) = (b.d_thr.ptr, b.d_overflow.ptr, b.d_bias.ptr);
         let mut flags = [0u32; 2];
         let smem = SMEM_MAIN as u32;
         let fsmem = filter_smem(kx, fstep) as u32;
@@ -1538,9 +1625,7 @@ impl CudaEngine {
             let (mut a_cap, mut a_high) = (cap as u32, high as u32);
             let (mut a_ties, mut a_ovf, mut a_q16) = (self.tile16 as u32, d_ovf, d_q);
             let fs = FilterStep { m, span, cap, high, smem: fsmem };
-            for t in 0..ntiles {
-                let row0 = t * tile;
-                let rows = (n - row0).min(tile);
+            for (t, &(row0, rows)) in tiles.iter().enumerate() {
                 let (buf, fst) = match (pipe, t % 2) {
                     (false, _) => (d_scores, self.stream),
                     (true, 0) => (d_scores, self.fstream),
@@ -1552,14 +1637,41 @@ impl CudaEngine {
                     // The filter of tile t-2 has finished reading this score tile.
                     ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2 + t % 2], 0) })?;
                 }
-                // Columns start 16-byte aligned for the filter's vector loads.
-                self.gemm_tile(d_q, buf, row0, rows, m, self.tile_ld(rows))?;
+                let gt = gated && t > 0;
+                if gt && t == 1 {
+                    // The biases follow the bounds tile 0's filter left (on fstream).
+                    ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2], 0) })?;
+                    let (mut a_thr, mut a_bk, mut a_bc, mut a_cap, mut a_m, mut a_bias) = (d_thr, d_bkey, d_bcnt, cap as u32, m as u32, d_bias);
+                    let mut args: [*mut c_void; 6] = [
+                        &mut a_thr as *mut _ as *mut c_void,
+                        &mut a_bk as *mut _ as *mut c_void,
+                        &mut a_bc as *mut _ as *mut c_void,
+                        &mut a_cap as *mut _ as *mut c_void,
+                        &mut a_m as *mut _ as *mut c_void,
+                        &mut a_bias as *mut _ as *mut c_void,
+                    ];
+                    // SAFETY: d_thr, d_bcnt and d_bias hold >= m entries, d_bkey m * cap (ensure_batch).
+                    ck("launch gate_bias", unsafe {
+                        sys::cuLaunchKernel(self.f_gate_bias, m.div_ceil(NT as usize) as u32, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+                    })?;
+                }
+                if gt {
+                    self.gemm_gated(d_q, d_bias, buf, row0, rows, m, rows == tile)?;
+                } else {
+                    // Columns start 16-byte aligned for the filter's vector loads.
+                    self.gemm_tile(d_q, buf, row0, rows, m, self.tile_ld(rows))?;
+                }
                 t_queued.get_or_insert_with(|| t_start.elapsed());
                 if pipe {
                     // Everything queued on `stream` so far (inputs, resets, this GEMM) comes
                     // before this tile's filter.
                     ck("cuEventRecord", unsafe { sys::cuEventRecord(self.ev[t % 2], self.stream) })?;
                     ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.fstream, self.ev[t % 2], 0) })?;
+                }
+                if gt {
+                    self.gate_scan(buf, fst, row0, rows, m, cap)?;
+                    ck("cuEventRecord", unsafe { sys::cuEventRecord(self.ev[2 + t % 2], self.fstream) })?;
+                    continue;
                 }
                 let fblocks = self.filter_tile(&fs, buf, fst, row0, rows)?;
                 // With one filter block per query the filter cuts the buffers itself.
@@ -1649,6 +1761,68 @@ impl CudaEngine {
             self.profile_batch(&fs, tile, ntiles, whole)?;
         }
         Ok(None)
+    }
+
+    /// True when the gated tiles' cuBLASLt is set up (on first use; a failure turns gating off
+    /// for good, with the reason in `gate_off`).
+    fn lt_ready(&mut self) -> bool {
+        if self.lt.is_some() {
+            return true;
+        }
+        if self.gate_off.is_some() {
+            return false;
+        }
+        if !lt::present() {
+            self.gate_off = Some("libcublasLt (or one of its functions) was not found".into());
+            return false;
+        }
+        match lt::Lt::new(self.dp) {
+            Ok(l) => {
+                self.lt = Some(l);
+                true
+            }
+            Err(e) => {
+                self.gate_off = Some(e.message);
+                false
+            }
+        }
+    }
+
+    /// One gated tile (kernels/topk.cu, "Gated tiles"): out = max(0, queries · rows + bias) in
+    /// f16, align_up(m, 8) scores a row, on `stream`; `tune`: a full tile (its shape's
+    /// algorithms are timed the first time).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_gated(&mut self, d_q: u64, d_bias: u64, out: u64, row0: usize, rows: usize, m: usize, tune: bool) -> Result<()> {
+        let rows0 = self.d_vecs.ptr + (row0 * self.dp * self.esize) as u64;
+        let stream = self.stream;
+        let lt = self.lt.as_mut().ok_or_else(|| Error::new(Status::Internal, "gated tile without cuBLASLt"))?;
+        lt.gemm(d_q, rows0, d_bias, out, m, align_up(m, 8), rows, stream, tune)
+    }
+
+    /// Launches gate_scan over a gated tile (rows `row0..row0+rows`), appending its nonzero
+    /// scores to the candidate buffers (`cap` per query).
+    fn gate_scan(&self, scores: u64, stream: sys::CUstream, row0: usize, rows: usize, m: usize, cap: usize) -> Result<()> {
+        let b = self.batch.as_ref().ok_or_else(|| Error::new(Status::Internal, "batch buffers missing"))?;
+        let ldm = align_up(m, 8);
+        let n16 = (ldm * rows / 8) as u64;
+        let (mut a_d, mut a_n16, mut a_ldm, mut a_m, mut a_row0) = (scores, n16, ldm as u32, m as u32, row0 as u32);
+        let (mut a_bk, mut a_br, mut a_bc, mut a_cap, mut a_ovf) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, cap as u32, b.d_overflow.ptr);
+        let mut args: [*mut c_void; 10] = [
+            &mut a_d as *mut _ as *mut c_void,
+            &mut a_n16 as *mut _ as *mut c_void,
+            &mut a_ldm as *mut _ as *mut c_void,
+            &mut a_m as *mut _ as *mut c_void,
+            &mut a_row0 as *mut _ as *mut c_void,
+            &mut a_bk as *mut _ as *mut c_void,
+            &mut a_br as *mut _ as *mut c_void,
+            &mut a_bc as *mut _ as *mut c_void,
+            &mut a_cap as *mut _ as *mut c_void,
+            &mut a_ovf as *mut _ as *mut c_void,
+        ];
+        let blocks = (self.sms * 8).min((n16 as usize).div_ceil(NT as usize)).max(1) as u32;
+        // SAFETY: `scores` holds ldm * rows halves (ensure_batch with align_up(nqt, 8) queries),
+        // the candidate buffers m * cap entries and m counts.
+        ck("launch gate_scan", unsafe { sys::cuLaunchKernel(self.f_gate_scan, blocks, 1, 1, NT, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()) })
     }
 
     /// Launches batch_filter over one score tile (rows `row0..row0+rows`, in d_scores with
@@ -1791,11 +1965,14 @@ impl Drop for CudaEngine {
                 );
             }
             eprintln!(
-                "kalos cuda engine ({}): batch score tiles {}; {} batch(es) answered again from f32 tiles after an f16 overflow; {} batch(es) copied to the device from the client's slot",
+                "kalos cuda engine ({}): batch score tiles {}; {} batch(es) answered again from f32 tiles after an f16 overflow; {} batch(es) copied to the device from the client's slot; {} gated batch(es){}{}",
                 self.describe(),
                 if self.score16 { "f16" } else if self.dtype == Dtype::F32 { "f32" } else { "f32 (f16 off or overflowed)" },
                 self.score16_overflows,
-                self.slot_batches
+                self.slot_batches,
+                self.gated_batches,
+                self.gate_off.as_ref().map_or(String::new(), |m| format!(" (gating off: {m})")),
+                self.lt.as_ref().map_or(String::new(), |l| if l.tuned.is_empty() { String::new() } else { format!("; gated GEMM {}", l.tuned.join("; ")) })
             );
         }
         if let Some(v) = self.prof.as_ref().filter(|v| !v.is_empty()) {
@@ -1831,6 +2008,7 @@ impl Drop for CudaEngine {
             }
             self.graphs.clear();
             self.batch = None;
+            self.lt = None;
             if !self.blas.is_null() {
                 cb::cublasDestroy_v2(self.blas);
             }
