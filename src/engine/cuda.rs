@@ -1758,7 +1758,8 @@ impl CudaEngine {
                 t_synced.unwrap_or_default().as_secs_f64() * 1e3,
                 whole.as_secs_f64() * 1e3
             );
-            self.profile_batch(&fs, tile, ntiles, whole)?;
+            // Plain tiles of `tile` rows (a gated batch starts with a shorter first tile).
+            self.profile_batch(&fs, tile, n.div_ceil(tile), whole)?;
         }
         Ok(None)
     }
