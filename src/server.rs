@@ -405,9 +405,9 @@ impl Server {
     fn collect(&mut self) -> usize {
         let seg = self.seg.clone();
         self.mirror_used = false;
-        // Large ip/l2 recalls leave their queries in the client's slot when the engine takes them
-        // (cosine queries are normalised here, so they need the private copy).
-        let slot_queries = self.engine.takes_slot_queries() && self.metric != Metric::Cosine;
+        // Large recalls leave their queries in the client's slot when the engine takes them
+        // (cosine ones are then normalised by whoever reads them: SlotQueries::cosine_dim).
+        let slot_queries = self.engine.takes_slot_queries();
         for i in 0..seg.slot_count() {
             let slot = seg.slot(i);
             let w = slot.state.load(Ordering::Acquire);
@@ -848,19 +848,12 @@ impl Server {
                     // clamps it), so the range lies in slot p.slot's data area; only its address
                     // is taken here (SlotQueries reads it by DMA or by a private copy).
                     let ptr = unsafe { self.seg.slot_data(p.slot).add(4 + head) } as *const u8;
-                    return Ok((k, nq, flags, filter, recency, Cow::Borrowed(&[][..]), Some(SlotQueries { ptr, len: nvals })));
+                    return Ok((k, nq, flags, filter, recency, Cow::Borrowed(&[][..]), Some(SlotQueries { ptr, len: nvals, cosine_dim: if self.metric == Metric::Cosine { self.dim } else { 0 } })));
                 }
                 let mut q = r.f32s_cow(nvals, "queries")?;
                 check_finite(&q, "query")?;
                 if self.metric == Metric::Cosine {
-                    for row in q.to_mut().chunks_exact_mut(self.dim) {
-                        let n = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
-                        if n == 0.0 {
-                            return Err(Error::new(Status::InvalidArgument, "a cosine query must not be all zeros"));
-                        }
-                        let inv = (1.0 / n) as f32;
-                        row.iter_mut().for_each(|x| *x *= inv);
-                    }
+                    normalize_queries(q.to_mut(), self.dim)?;
                 }
                 Ok((k, nq, flags, filter, recency, q, None))
             })();

@@ -237,6 +237,9 @@ pub struct SlotQueries {
     pub ptr: *const u8,
     /// Number of f32 values.
     pub len: usize,
+    /// Cosine stores: the query dimension; whoever reads the queries scales each to unit length
+    /// ([`normalize_queries`]; an all-zero query is an error). 0 for ip and l2.
+    pub cosine_dim: usize,
 }
 
 impl SlotQueries {
@@ -250,8 +253,26 @@ impl SlotQueries {
         // and only the private copy is checked and used.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr() as *mut u8, self.len * 4) };
         check_finite(&v, "query")?;
+        if self.cosine_dim > 0 {
+            normalize_queries(&mut v, self.cosine_dim)?;
+        }
         Ok(v)
     }
+}
+
+/// Cosine: scales each query (`dim` values; finite) to unit length, its norm summed in f64 and
+/// applied as one f32 factor (the CUDA engine's check_queries/convert_queries do the same on the
+/// device). An all-zero query is an INVALID_ARGUMENT.
+pub fn normalize_queries(q: &mut [f32], dim: usize) -> Result<()> {
+    for row in q.chunks_exact_mut(dim) {
+        let n = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+        if n == 0.0 {
+            return Err(Error::new(Status::InvalidArgument, "a cosine query must not be all zeros"));
+        }
+        let inv = (1.0 / n) as f32;
+        row.iter_mut().for_each(|x| *x *= inv);
+    }
+    Ok(())
 }
 
 /// Where an engine may write a single query's recall response body itself (wire format of

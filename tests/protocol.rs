@@ -352,10 +352,11 @@ fn raw_call(seg: &Segment, first: usize, req: &[u8], req_len: u32) -> (u32, Vec<
     }
 }
 
-/// Large ip/l2 batches for an engine that takes slot queries (the CUDA engine copies them to the
-/// device by DMA and checks them there; here a CPU engine forced to take them copies and checks
-/// them itself): the server copies only the header. Answers must be those of the copying path,
-/// and a bad batch (a NaN, a wrong length) must get its error without hurting anyone else.
+/// Large batches for an engine that takes slot queries (the CUDA engine copies them to the
+/// device by DMA and checks them there, normalising cosine queries there too; here a CPU engine
+/// forced to take them copies, checks and normalises them itself): the server copies only the
+/// header. Answers must be those of the copying path, and a bad batch (a NaN, a wrong length, an
+/// all-zero cosine query) must get its error without hurting anyone else.
 #[test]
 fn slot_queries_are_answered_and_checked() {
     kalos::engine::cpu::TEST_SLOT_QUERIES.store(true, Ordering::Relaxed);
@@ -364,7 +365,7 @@ fn slot_queries_are_answered_and_checked() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
     let v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
     let ids: Vec<u64> = (0..n as u64).collect();
-    for metric in [Metric::InnerProduct, Metric::L2] {
+    for metric in [Metric::InnerProduct, Metric::L2, Metric::Cosine] {
         let name = uniq("slotq");
         let mut o = Options { role: Role::Server, dim: dim as u32, metric, slot_bytes: 1 << 20, slots: 4, backend: Backend::Cpu, ..Options::default() };
         o.capacity = 10_000;
@@ -376,6 +377,23 @@ fn slot_queries_are_answered_and_checked() {
         for (i, hits) in res.iter().enumerate() {
             assert_eq!(hits[0].id, 100 + i as u64, "{metric:?} query {i}");
             assert_eq!(hits.len(), 3);
+            if metric == Metric::Cosine {
+                // Each query normalised: its own row scores 1.
+                assert!((hits[0].score - 1.0).abs() < 1e-5, "query {i}: {}", hits[0].score);
+            }
+        }
+        if metric == Metric::Cosine {
+            // The same queries scaled by 3 (or split into small, copied requests) answer the same.
+            let v3: Vec<f32> = v[100 * dim..500 * dim].iter().map(|x| x * 3.0).collect();
+            let r3 = c.recall_batch(&v3, 400, 3, &RecallOptions::default()).unwrap();
+            let small = c.recall_batch(&v[100 * dim..110 * dim], 10, 3, &RecallOptions::default()).unwrap();
+            for i in 0..400 {
+                assert_eq!(r3[i].iter().map(|h| h.id).collect::<Vec<_>>(), res[i].iter().map(|h| h.id).collect::<Vec<_>>());
+                for (a, b) in r3[i].iter().zip(&res[i]) {
+                    assert!((a.score - b.score).abs() < 1e-6);
+                }
+            }
+            assert_eq!(&small[..], &res[..10]);
         }
         // A namespace filter in the header (the queries start after it).
         let f = RecallOptions { namespaces: Some(vec![0, 7]), ..RecallOptions::default() };
@@ -406,6 +424,19 @@ fn slot_queries_are_answered_and_checked() {
         req.truncate(req.len() - 4);
         let (st, body) = raw_call(&seg, 0, &req, req.len() as u32);
         assert_eq!(st, Status::DimensionMismatch as u32, "{}", String::from_utf8_lossy(&body));
+        // An all-zero query: an error for cosine only.
+        let mut req = header(400);
+        for (j, x) in v[..400 * dim].iter().enumerate() {
+            let x = if j / dim == 77 { 0.0 } else { *x };
+            req.extend_from_slice(&x.to_le_bytes());
+        }
+        let (st, body) = raw_call(&seg, 0, &req, req.len() as u32);
+        if metric == Metric::Cosine {
+            assert_eq!(st, Status::InvalidArgument as u32, "{}", String::from_utf8_lossy(&body));
+            assert!(String::from_utf8_lossy(&body).contains("all zeros"), "{}", String::from_utf8_lossy(&body));
+        } else {
+            assert_eq!(st, 0, "{}", String::from_utf8_lossy(&body));
+        }
         // The server still serves, on the same engine.
         let res3 = c.recall_batch(&v[100 * dim..500 * dim], 400, 3, &RecallOptions::default()).unwrap();
         assert_eq!(res, res3);

@@ -1335,7 +1335,7 @@ impl CudaEngine {
         grow(&mut b.d_thr, nqp * 4, "batch thresholds")?;
         grow(&mut b.d_bias, nqp * 2, "batch gate biases")?;
         // [f16 overflow bits, first non-finite query value of a slot batch (check_queries)]
-        grow(&mut b.d_overflow, 8, "batch overflow flag")?;
+        grow(&mut b.d_overflow, 12, "batch overflow flag")?;
         Ok(())
     }
 
@@ -1542,7 +1542,8 @@ impl CudaEngine {
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
         let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let (d_thr, d_ovf, d_bias) = (b.d_thr.ptr, b.d_overflow.ptr, b.d_bias.ptr);
-        let mut flags = [0u32; 2];
+        // [f16 overflow bits, first non-finite slot query value, first all-zero cosine slot query]
+        let mut flags = [0u32; 3];
         let smem = SMEM_MAIN as u32;
         let fsmem = filter_smem(kx, fstep) as u32;
         let mut ids = vec![0u64; nqt * k];
@@ -1578,8 +1579,14 @@ impl CudaEngine {
                         return Err(Error::new(Status::Internal, "slot queries outside the registered slots"));
                     }
                     ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, sa as *const c_void, vals * 4, self.stream))?;
-                    ck("reset query check", sys::cuMemsetD32Async(d_ovf + 4, NONE_U32, 1, self.stream))?;
-                    let (mut a_src, mut a_m, mut a_qn, mut a_norms, mut a_bad) = (d_qf32, m as u32, d_qn, (self.metric == Metric::L2) as u32, d_ovf + 4);
+                    ck("reset query check", sys::cuMemsetD32Async(d_ovf + 4, NONE_U32, 2, self.stream))?;
+                    // l2: |q|^2; cosine: 1 / |q| for convert_queries (and an all-zero query check).
+                    let norms = match self.metric {
+                        Metric::L2 => 1u32,
+                        Metric::Cosine => 2,
+                        Metric::InnerProduct => 0,
+                    };
+                    let (mut a_src, mut a_m, mut a_qn, mut a_norms, mut a_bad) = (d_qf32, m as u32, d_qn, norms, d_ovf + 4);
                     let mut args: [*mut c_void; 5] = [
                         &mut a_src as *mut _ as *mut c_void,
                         &mut a_m as *mut _ as *mut c_void,
@@ -1606,12 +1613,16 @@ impl CudaEngine {
                 let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
                 for (dst, lo) in [(Some(d_q), 0u32), (d_qlo, 1u32)] {
                     let Some(mut a_dst) = dst else { continue };
-                    let (mut a_src, mut a_m, mut a_lo) = (d_qf32, m as u32, lo);
-                    let mut args: [*mut c_void; 4] = [
+                    // Cosine queries from the slot are scaled by check_queries' 1 / |q| (the
+                    // server normalised all others).
+                    let scale = if slot.is_some() && self.metric == Metric::Cosine { d_qn } else { 0 };
+                    let (mut a_src, mut a_m, mut a_lo, mut a_scale) = (d_qf32, m as u32, lo, scale);
+                    let mut args: [*mut c_void; 5] = [
                         &mut a_src as *mut _ as *mut c_void,
                         &mut a_m as *mut _ as *mut c_void,
                         &mut a_dst as *mut _ as *mut c_void,
                         &mut a_lo as *mut _ as *mut c_void,
+                        &mut a_scale as *mut _ as *mut c_void,
                     ];
                     ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
                 }
@@ -1720,7 +1731,7 @@ impl CudaEngine {
                 ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
                 ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
                 ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
-                ck("D2H overflow flag", sys::cuMemcpyDtoHAsync_v2(flags.as_mut_ptr() as *mut c_void, d_ovf, 8, self.stream))?;
+                ck("D2H overflow flag", sys::cuMemcpyDtoHAsync_v2(flags.as_mut_ptr() as *mut c_void, d_ovf, 12, self.stream))?;
             }
             self.sync_stream()?;
             // A non-finite value in slot queries fails the batch, before the overflow bits
@@ -1728,6 +1739,10 @@ impl CudaEngine {
             if slot.is_some() && flags[1] != NONE_U32 {
                 out.clear();
                 return Err(Error::new(Status::NonFinite, format!("query holds a non-finite value at index {}", q0 * dim + flags[1] as usize)));
+            }
+            if slot.is_some() && flags[2] != NONE_U32 {
+                out.clear();
+                return Err(Error::new(Status::InvalidArgument, "a cosine query must not be all zeros"));
             }
             let ovf = flags[0];
             if ovf != 0 {

@@ -7,6 +7,8 @@ plain numpy copy of one batch (the host's memory speed). The engine's time per b
 the server's report (stderr, KALOS_CUDA_REPORT=1) when it closes.
 
   python3 batch_breakdown.py [N] [D] [dtype: 0 f32, 1 f16] [B] [batches]
+
+BREAKDOWN_METRIC=0|1|2 picks the store's metric (ip, the default; cosine; l2).
 """
 import os
 import subprocess
@@ -24,7 +26,8 @@ from kalos_ct import CUDA  # noqa: E402
 def main():
     n, dim, dt, b, nb = (int(x) for x in (sys.argv[1:] + ["1000000", "768", "1", "1024", "100"][len(sys.argv) - 1:]))
     name = "kbreak-%d" % os.getpid()
-    srv = subprocess.Popen([sys.executable, os.path.join(HERE, "bench.py"), "serve", name, str(n), str(dim), str(dt), os.environ.get("BREAKDOWN_BACKEND", str(CUDA))],
+    srv = subprocess.Popen([sys.executable, os.path.join(HERE, "bench.py"), "serve", name, str(n), str(dim), str(dt), os.environ.get("BREAKDOWN_BACKEND", str(CUDA)),
+                            os.environ.get("BREAKDOWN_METRIC", "0")],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = srv.stdout.readline()
     assert line.startswith("READY"), line

@@ -45,9 +45,9 @@ def data(n, dim, seed):
     return np.random.default_rng(seed).standard_normal((n, dim), dtype=np.float32)
 
 
-def serve(name, n, dim, dtype, backend):
+def serve(name, n, dim, dtype, backend, metric=IP):
     lib = load()
-    st = Store(lib, name, dim=dim, metric=IP, dtype=dtype, backend=backend, capacity=max(n, 1024), slots=4,
+    st = Store(lib, name, dim=dim, metric=metric, dtype=dtype, backend=backend, capacity=max(n, 1024), slots=4,
                slot_bytes=SLOT_BYTES, server_spin_ns=1_000_000_000)
     X = data(n, dim, n * 31 + dim)
     b = max(1, (SLOT_BYTES - 4096) // (dim * 4 + 16))
@@ -335,6 +335,6 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), *(int(a) for a in sys.argv[7:8]))
     else:
         main()

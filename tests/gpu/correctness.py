@@ -437,7 +437,9 @@ def suite_gated(n=400_000, dim=96, nq=1024):
     1, 10, 100, 256, also after deletes and upserts; rows whose scores rise along the table (the
     first tile's bounds are low, the candidate buffers overflow: answered again from f32 tiles)
     and fall along it; and under a namespace filter (not gated). The engine report must count
-    the gated batches, with the store on the GPU and no fallback."""
+    the gated batches, with the store on the GPU and no fallback. Also a cosine f16 store: its
+    large batches stay in the client's slot and are normalised on the device (an all-zero query
+    is an INVALID_ARGUMENT that leaves the server serving)."""
     def f16(a):
         return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
 
@@ -472,6 +474,43 @@ def suite_gated(n=400_000, dim=96, nq=1024):
     got = int(m.group(1)) if m else -1
     record("gated/random/engine", gpu and (BACKEND != CUDA or got == want_gated), engine=sts.engine_name.decode(),
            gated_batches=got, want=want_gated, report=[l for l in rep.splitlines() if "gated" in l][:2])
+
+    # cosine: the server leaves large batches in the slot and the engine normalises them on the
+    # device (check_queries / convert_queries), gated as well. Reference: the rows as stored
+    # (normalised as the server does, f64 norm and one f32 factor, then f16) against the query
+    # the GEMM takes (normalised the same way, then f16).
+    def unit16(A):
+        inv = (1.0 / np.sqrt((A.astype(np.float64) ** 2).sum(1))).astype(np.float32)
+        return f16(A.astype(np.float32) * inv[:, None])
+
+    st = open_store(dim, COSINE, dtype=F16)
+    ref = Ref(dim, IP)
+    Xc = rng.standard_normal((n, dim)).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    b = (3 << 20) // (dim * 4 + 16)
+    for s0 in range(0, n, b):
+        st.upsert(ids[s0:s0 + b], Xc[s0:s0 + b])
+    ref.upsert(ids, unit16(Xc))
+    Qc = (rng.standard_normal((nq, dim)) * rng.uniform(0.1, 10.0, (nq, 1))).astype(np.float32)
+    Q16 = unit16(Qc)
+    res = st.recall_batch(Qc, 10)
+    for i in rng.choice(nq, 24, replace=False):
+        check("gated/cosine-slot/k=10/q%d" % i, ref, Q16[i], res[i], 10)
+    Qz = Qc.copy()
+    Qz[333] = 0.0
+    try:
+        st.recall_batch(Qz, 10)
+        record("gated/cosine-slot/zero-query", False, why="no error")
+    except KalosError as e:
+        record("gated/cosine-slot/zero-query", e.status == 1 and "all zeros" in str(e), error=str(e)[:200])
+    res2 = st.recall_batch(Qc, 10)  # still serving, same answers
+    record("gated/cosine-slot/after-error", all((a[0] == b[0]).all() for a, b in zip(res, res2)))
+    sts = st.stats()
+    gpu = BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0)
+    rep = engine_report(st)
+    m = re.search(r"(\d+) batch\(es\) copied to the device from the client's slot", rep)
+    record("gated/cosine-slot/engine", gpu and (BACKEND != CUDA or (m is not None and int(m.group(1)) >= 3)), engine=sts.engine_name.decode(),
+           report=[l for l in rep.splitlines() if "slot" in l][:2])
 
     # rising and falling scores along the table (as suite_cruise)
     st = open_store(dim, IP, dtype=F16)
