@@ -43,6 +43,14 @@ fn ckl(what: &str, r: lt::cublasStatus_t) -> Result<()> {
     }
 }
 
+/// Sets attribute `attr` of matmul descriptor `desc` to the bytes of `v`.
+///
+/// # Safety
+/// `desc` must be a live descriptor and `T` the attribute's documented type.
+unsafe fn desc_set<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    ckl("cublasLtMatmulDescSetAttribute", lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()))
+}
+
 /// True when libcublasLt loads and has every symbol this module calls.
 pub(super) fn present() -> bool {
     // SAFETY: loading a shared library and looking symbols up runs no code of it but its
@@ -93,12 +101,9 @@ impl Lt {
         unsafe {
             ckl("cublasLtCreate", lt::cublasLtCreate(&mut l.h))?;
             ckl("cublasLtMatmulDescCreate", lt::cublasLtMatmulDescCreate(&mut l.desc, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType::CUDA_R_32F))?;
-            let set = |attr: lt::cublasLtMatmulDescAttributes_t, v: i32| {
-                ckl("cublasLtMatmulDescSetAttribute", lt::cublasLtMatmulDescSetAttribute(l.desc, attr, &v as *const i32 as *const c_void, 4))
-            };
-            set(lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, 1)?; // CUBLAS_OP_T
-            set(lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, 0)?; // CUBLAS_OP_N
-            set(lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS as i32)?;
+            desc_set(l.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?; // CUBLAS_OP_T
+            desc_set(l.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?; // CUBLAS_OP_N
+            desc_set(l.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS)?;
             ckl("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut l.pref))?;
             let wsb = WORKSPACE as u64;
             ckl(
@@ -142,15 +147,7 @@ impl Lt {
         // device buffers of the sizes `gemm` documents; the bias pointer attribute is read by
         // the matmul call that follows on this thread.
         unsafe {
-            ckl(
-                "cublasLtMatmulDescSetAttribute(bias)",
-                lt::cublasLtMatmulDescSetAttribute(
-                    self.desc,
-                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bias as *const u64 as *const c_void,
-                    8,
-                ),
-            )?;
+            desc_set(self.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
             ckl(
                 "cublasLtMatmul",
                 lt::cublasLtMatmul(
