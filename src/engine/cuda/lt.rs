@@ -16,9 +16,11 @@ use crate::error::{Error, Result, Status};
 
 /// cuBLASLt workspace (the heuristics below may pick kernels that use up to this much).
 const WORKSPACE: usize = 32 << 20;
-/// Shapes kept (the last tile's rows change with the table's size; the cache is cleared when
-/// full).
-const MAX_SHAPES: usize = 16;
+/// Shapes kept. The last tile's rows change with the table's size, so untimed shapes come and
+/// go; timed ones (full tiles, one per batch size) stay, at most MAX_TIMED, so that a table
+/// growing between batches never makes a full tile's shape be timed again.
+const MAX_SHAPES: usize = 24;
+const MAX_TIMED: usize = 8;
 /// Every symbol this module calls, resolved before the first call.
 const SYMBOLS: [&str; 12] = [
     "cublasLtCreate",
@@ -65,6 +67,7 @@ struct Shape {
     b: lt::cublasLtMatrixLayout_t,
     d: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
+    timed: bool,
 }
 
 impl Drop for Shape {
@@ -125,15 +128,17 @@ impl Lt {
     /// address); `bias`: m halves; `out`: ldm * rows halves (ldm >= m, a multiple of 8). With
     /// `tune`, a shape seen for the first time has each of cuBLASLt's candidate algorithms timed
     /// once on these buffers (the heuristic's first choice was 0.24 ms slower per 1M rows on the
-    /// H200) — the streams must be idle then.
+    /// H200; at most MAX_TIMED shapes, later ones take the heuristic's choice) — the streams must
+    /// be idle then.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(&mut self, q16: u64, rows0: u64, bias: u64, out: u64, m: usize, ldm: usize, rows: usize, stream: sys::CUstream, tune: bool) -> Result<()> {
         let key = (m, ldm, rows);
         if !self.shapes.contains_key(&key) {
             if self.shapes.len() >= MAX_SHAPES {
-                self.shapes.clear();
+                self.shapes.retain(|_, s| s.timed);
             }
-            let s = self.shape(q16, rows0, bias, out, m, ldm, rows, stream, tune)?;
+            let timed = self.shapes.values().filter(|s| s.timed).count();
+            let s = self.shape(q16, rows0, bias, out, m, ldm, rows, stream, tune && timed < MAX_TIMED)?;
             self.shapes.insert(key, s);
         }
         let s = &self.shapes[&key];
@@ -174,7 +179,7 @@ impl Lt {
 
     #[allow(clippy::too_many_arguments)]
     fn shape(&mut self, q16: u64, rows0: u64, bias: u64, out: u64, m: usize, ldm: usize, rows: usize, stream: sys::CUstream, tune: bool) -> Result<Shape> {
-        let mut s = Shape { a: std::ptr::null_mut(), b: std::ptr::null_mut(), d: std::ptr::null_mut(), algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] } };
+        let mut s = Shape { a: std::ptr::null_mut(), b: std::ptr::null_mut(), d: std::ptr::null_mut(), algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] }, timed: false };
         let f16 = lt::cudaDataType::CUDA_R_16F;
         // SAFETY: layouts written into `s` (destroyed by its Drop on any error below); the
         // heuristic writes at most the 8 results asked for.
@@ -201,6 +206,7 @@ impl Lt {
                 }
             }
             self.tuned.push(format!("{m} x {rows}: algorithm {} of {n} (ms: {})", best.0, times.join(" ")));
+            s.timed = true;
         }
         s.algo = res[best.0].algo;
         Ok(s)
