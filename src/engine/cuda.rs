@@ -635,6 +635,12 @@ pub struct CudaEngine {
     slot_batches: u64,
 }
 
+/// Errors that belong to the request (a bad query found on the device), not to the engine: they
+/// neither poison the engine nor turn gated tiles off.
+fn request_error(s: Status) -> bool {
+    matches!(s, Status::NonFinite | Status::InvalidArgument)
+}
+
 /// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
 /// capacity and cut level per query, dynamic shared memory.
 struct FilterStep {
@@ -1427,15 +1433,20 @@ impl CudaEngine {
         }
         self.tile16 = self.score16 && self.metric != Metric::L2 && req.recency.is_none() && req.k <= SCORE16_MAX_K;
         let mut r = self.search_batch_tiles(store, req, out);
-        if let (Err(e), true) = (&r, self.gating) {
+        let gate_failed = match &r {
+            Err(e) if self.gating && !request_error(e.status) => Some(e.message.clone()),
+            _ => None,
+        };
+        if let Some(m) = gate_failed {
             // A gated batch failed (cuBLASLt): answer it again without gating, and keep gating
-            // off for this engine's life. A fault of the GPU itself fails the second try too.
+            // off for this engine's life. A fault of the GPU itself fails the second try too; a
+            // bad query (the request's own error) is no failure of gating.
             // SAFETY: the engine's own streams.
             unsafe {
                 sys::cuStreamSynchronize(self.fstream);
                 sys::cuStreamSynchronize(self.stream);
             }
-            self.gate_off = Some(format!("a gated batch failed: {}", e.message));
+            self.gate_off = Some(format!("a gated batch failed: {m}"));
             self.lt = None;
             r = self.search_batch_tiles(store, req, out);
         }
@@ -1935,8 +1946,9 @@ impl CudaEngine {
         if let Err(e) = &r {
             // Out of memory on growth leaves the engine usable; anything else poisons it (a
             // sticky CUDA error makes every later call fail).
-            // A bad query in a client's slot (found on the device) is the request's error only.
-            if e.status != Status::StoreFull && e.status != Status::NonFinite {
+            // A bad query in a client's slot (found on the device: non-finite, or an all-zero
+            // cosine query) is the request's error only.
+            if !request_error(e.status) && e.status != Status::StoreFull {
                 self.failed = Some(e.message.clone());
             }
         }
