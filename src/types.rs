@@ -408,6 +408,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cosine_slot_queries_are_normalised_like_the_servers() {
+        let dim = 5;
+        let q: Vec<f32> = vec![3.0, -4.0, 0.0, 1e-3, 12.0, 1e20, 2e20, 0.0, 0.0, -1e20];
+        let mut want = q.clone();
+        normalize_queries(&mut want, dim).unwrap();
+        for row in want.chunks(dim) {
+            let n: f64 = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+            assert!((n - 1.0).abs() < 1e-6, "norm {n}");
+        }
+        // The slot path's private copy gives the same values, bit for bit.
+        let sq = SlotQueries { ptr: q.as_ptr() as *const u8, len: q.len(), cosine_dim: dim };
+        assert_eq!(sq.copy_checked().unwrap(), want);
+        // ip / l2 slot queries are copied as they are.
+        let plain = SlotQueries { cosine_dim: 0, ..sq };
+        assert_eq!(plain.copy_checked().unwrap(), q);
+        // An all-zero query is the request's INVALID_ARGUMENT; a non-finite one stays NON_FINITE.
+        let mut z = q.clone();
+        z[dim..].iter_mut().for_each(|x| *x = 0.0);
+        let zs = SlotQueries { ptr: z.as_ptr() as *const u8, ..sq };
+        assert_eq!(zs.copy_checked().unwrap_err().status, Status::InvalidArgument);
+        let mut nan = q.clone();
+        nan[7] = f32::NAN;
+        let ns = SlotQueries { ptr: nan.as_ptr() as *const u8, ..sq };
+        assert_eq!(ns.copy_checked().unwrap_err().status, Status::NonFinite);
+    }
+
+    #[test]
     fn check_finite_reports_the_first_bad_index_in_any_block() {
         let n = 64 * 5 + 7;
         assert!(check_finite(&vec![1.5f32; n], "v").is_ok());
