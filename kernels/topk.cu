@@ -1400,9 +1400,11 @@ extern "C" __global__ void __launch_bounds__(NT) batch_final(const unsigned char
 // The margin keeps the gate conservative. thr[q] is an f16-rounded GEMM score: the k rows of the
 // first tile it came from score at least thr[q] - ulp/2 in f32, so q's final k-th score does too;
 // any row above that passes the gate when margin >= ulp/2 plus the f32 rounding difference of two
-// summation orders. margin = max(|thr|, |top|) / 512 (top: q's best key so far) is at least one
-// f16 ulp of thr and, for scores near zero, a fraction of the scale of q's scores; the bias is
-// then rounded up to f16 (the gate only widens). A query with no bound (thr = 0) gets bias +inf:
+// summation orders, and its output must not round to an f16 zero. margin = max(|thr|, |top|) /
+// 512 + 2^-22 (top: q's best key so far) is at least one f16 ulp of thr, for scores near zero a
+// fraction of the scale of q's scores, and at least 4 steps of f16's subnormals (2^-24), so that
+// a passing row's output (>= margin - ulp/2) never rounds to zero; the bias is then rounded up to
+// f16 (the gate only widens). A query with no bound (thr = 0) gets bias +inf:
 // every row passes, the buffer overflows and the host answers the batch again from f32 tiles.
 extern "C" __global__ void gate_bias(const u32* __restrict__ thr, const u32* __restrict__ bkey,
                                      const u32* __restrict__ bcnt, u32 cap, u32 m, u16* bias) {
@@ -1417,7 +1419,7 @@ extern "C" __global__ void gate_bias(const u32* __restrict__ thr, const u32* __r
     float top = t;
     const u32 c = min(bcnt[q], cap);
     for (u32 i = 0; i < c; i++) top = fmaxf(top, key2f(bkey[(size_t)q * cap + i]));
-    const float margin = fmaxf(fabsf(t), fabsf(top)) * (1.0f / 512.0f);
+    const float margin = fmaxf(fabsf(t), fabsf(top)) * (1.0f / 512.0f) + 2.384185791015625e-7f;  // + 2^-22
     const float b = -(t - margin);
     u16 h = f2h(b);  // nearest; step up when below b (the bias may only grow)
     if (!(h2f(h) >= b)) h = (h & 0x8000u) ? (h == 0x8000u ? (u16)1u : (u16)(h - 1u)) : (u16)(h + 1u);

@@ -488,6 +488,19 @@ def suite_gated(n=400_000, dim=96, nq=1024):
     record("gated/random/engine", gpu and (BACKEND != CUDA or (got == want_gated and "gating off" not in rep)), engine=sts.engine_name.decode(),
            gated_batches=got, want=want_gated, report=[l for l in rep.splitlines() if "gated" in l][:2])
 
+    # tiny scores (f16 subnormal outputs near the bound): gated or answered from f32 tiles, the
+    # answers must be exact
+    st = open_store(dim, IP, dtype=F16)
+    ref = Ref(dim, IP)
+    Xt = f16(rng.standard_normal((n, dim)) * 3e-4)
+    load_rows(st, ref, np.arange(1, n + 1, dtype=np.uint64), Xt)
+    Qt = f16(rng.standard_normal((nq, dim)) * 1e-3)
+    res = st.recall_batch(Qt, 10)
+    for i in rng.choice(nq, 16, replace=False):
+        check("gated/tiny/k=10/q%d" % i, ref, Qt[i], res[i], 10)
+    rep = engine_report(st)
+    record("gated/tiny/engine", True, report=[l for l in rep.splitlines() if "gated" in l][:2])
+
     # cosine: the server leaves large batches in the slot and the engine normalises them on the
     # device (check_queries / convert_queries), gated as well. Reference: the rows as stored
     # (normalised as the server does, f64 norm and one f32 factor, then f16) against the query
