@@ -514,12 +514,12 @@ pub struct CudaEngine {
     f_final: sys::CUfunction,
     f_gate_bias: sys::CUfunction,
     f_gate_scan: sys::CUfunction,
-    /// Gated tiles (kernels/topk.cu, "Gated tiles"; `KALOS_GATE=0` turns them off): f16 batches
-    /// with no filter score every tile after the first with a cuBLASLt GEMM that zeroes the rows
-    /// below each query's bound, and gate_scan collects the rest. Cleared for good when
-    /// cuBLASLt is missing or fails (`gate_off` says why).
-    gate: bool,
+    /// Gated tiles (kernels/topk.cu, "Gated tiles"): f16 batches with no filter score every tile
+    /// after the first with a cuBLASLt GEMM that zeroes the rows below each query's bound, and
+    /// gate_scan collects the rest. `lt` is set up on the first such batch.
     lt: Option<lt::Lt>,
+    /// Why gated tiles are off for this engine's life (`KALOS_GATE=0`, cuBLASLt missing or
+    /// failed); None while they may be used.
     gate_off: Option<String>,
     /// Batches answered with gated tiles (for the report).
     gated_batches: u64,
@@ -823,9 +823,8 @@ impl CudaEngine {
             f_final,
             f_gate_bias,
             f_gate_scan,
-            gate: dtype == Dtype::F16 && !std::env::var("KALOS_GATE").is_ok_and(|v| v == "0"),
             lt: None,
-            gate_off: None,
+            gate_off: std::env::var("KALOS_GATE").is_ok_and(|v| v == "0").then(|| "KALOS_GATE=0".to_string()),
             gated_batches: 0,
             gate_first: std::env::var("KALOS_GATE_FIRST").ok().and_then(|v| v.parse::<usize>().ok()),
             gating: false,
@@ -1340,7 +1339,8 @@ impl CudaEngine {
         grow(&mut b.d_ocnt, nqp * 4, "batch counts")?;
         grow(&mut b.d_thr, nqp * 4, "batch thresholds")?;
         grow(&mut b.d_bias, nqp * 2, "batch gate biases")?;
-        // [f16 overflow bits, first non-finite query value of a slot batch (check_queries)]
+        // [f16 overflow bits, first non-finite query value and first all-zero cosine query of a
+        // slot batch (check_queries)]
         grow(&mut b.d_overflow, 12, "batch overflow flag")?;
         Ok(())
     }
@@ -1492,8 +1492,11 @@ impl CudaEngine {
         // Gated tiles: f16 tiles, pipelined, and no filter, recency or expiry (every row's key
         // is its score), with cuBLASLt at hand.
         self.gating = false;
-        let probe = self.fill_params(req, store, n, k, 0, 0);
-        let lt_ok = self.gate && self.tile16 && self.pipe && probe.flags == 0 && probe.nns == NONE_U32 && self.lt_ready();
+        let plain = |e: &Self| {
+            let p = e.fill_params(req, store, n, k, 0, 0);
+            p.flags == 0 && p.nns == NONE_U32
+        };
+        let lt_ok = self.tile16 && self.pipe && plain(self) && self.lt_ready();
         let tile_bytes = match (lt_ok, self.tile16) {
             (true, _) => self.gate_tile_bytes,
             (false, true) => self.tile16_bytes,
@@ -1692,27 +1695,26 @@ impl CudaEngine {
                 }
                 if gt {
                     self.gate_scan(buf, fst, row0, rows, m, cap)?;
-                    ck("cuEventRecord", unsafe { sys::cuEventRecord(self.ev[2 + t % 2], self.fstream) })?;
-                    continue;
-                }
-                let fblocks = self.filter_tile(&fs, buf, fst, row0, rows)?;
-                // With one filter block per query the filter cuts the buffers itself.
-                if fblocks > 1 && t + 1 < ntiles {
-                    let mut targs: [*mut c_void; 10] = [
-                        &mut a_in as *mut _ as *mut c_void,
-                        &mut tab as *mut _ as *mut c_void,
-                        &mut a_bk as *mut _ as *mut c_void,
-                        &mut a_br as *mut _ as *mut c_void,
-                        &mut a_bc as *mut _ as *mut c_void,
-                        &mut a_cap as *mut _ as *mut c_void,
-                        &mut a_high as *mut _ as *mut c_void,
-                        &mut a_thr as *mut _ as *mut c_void,
-                        &mut a_ties as *mut _ as *mut c_void,
-                        &mut a_ovf as *mut _ as *mut c_void,
-                    ];
-                    ck("launch batch_tighten", unsafe {
-                        sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, fst, targs.as_mut_ptr(), std::ptr::null_mut())
-                    })?;
+                } else {
+                    let fblocks = self.filter_tile(&fs, buf, fst, row0, rows)?;
+                    // With one filter block per query the filter cuts the buffers itself.
+                    if fblocks > 1 && t + 1 < ntiles {
+                        let mut targs: [*mut c_void; 10] = [
+                            &mut a_in as *mut _ as *mut c_void,
+                            &mut tab as *mut _ as *mut c_void,
+                            &mut a_bk as *mut _ as *mut c_void,
+                            &mut a_br as *mut _ as *mut c_void,
+                            &mut a_bc as *mut _ as *mut c_void,
+                            &mut a_cap as *mut _ as *mut c_void,
+                            &mut a_high as *mut _ as *mut c_void,
+                            &mut a_thr as *mut _ as *mut c_void,
+                            &mut a_ties as *mut _ as *mut c_void,
+                            &mut a_ovf as *mut _ as *mut c_void,
+                        ];
+                        ck("launch batch_tighten", unsafe {
+                            sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, fst, targs.as_mut_ptr(), std::ptr::null_mut())
+                        })?;
+                    }
                 }
                 if pipe {
                     ck("cuEventRecord", unsafe { sys::cuEventRecord(self.ev[2 + t % 2], self.fstream) })?;
