@@ -91,6 +91,13 @@ impl Status {
         Status::Internal,
     ];
 
+    /// Errors that belong to the request (a bad query found only where the engine reads it, e.g.
+    /// on the device), not to the engine: the server neither falls back to the CPU engine for
+    /// them nor does the CUDA engine turn gated tiles off.
+    pub fn is_request_error(self) -> bool {
+        matches!(self, Status::NonFinite | Status::InvalidArgument)
+    }
+
     pub fn from_u32(v: u32) -> Status {
         Status::ALL.get(v as usize).copied().unwrap_or(Status::Internal)
     }

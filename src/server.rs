@@ -910,9 +910,9 @@ impl Server {
             let req = SearchRequest { queries: &g.queries, nq, k: g.k, filter: &g.filter, recency: g.recency, now_ms: now, direct: dout.as_ref(), slot: g.slot };
             let mut r = self.engine.search(&self.store, &req, &mut out);
             if let Err(e) = &r {
-                // NonFinite: slot queries the engine found bad on the device (the request's
-                // error; the engine is fine).
-                if self.engine.kind() != EngineKind::Cpu && e.status != Status::NonFinite {
+                // A request error (slot queries the engine found bad on the device: NaN, an
+                // all-zero cosine query) is the request's; the engine is fine.
+                if self.engine.kind() != EngineKind::Cpu && !e.status.is_request_error() {
                     self.engine_failed(e.clone());
                     r = self.engine.search(&self.store, &req, &mut out);
                 }

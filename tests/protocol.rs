@@ -356,10 +356,12 @@ fn raw_call(seg: &Segment, first: usize, req: &[u8], req_len: u32) -> (u32, Vec<
 /// device by DMA and checks them there, normalising cosine queries there too; here a CPU engine
 /// forced to take them copies, checks and normalises them itself): the server copies only the
 /// header. Answers must be those of the copying path, and a bad batch (a NaN, a wrong length, an
-/// all-zero cosine query) must get its error without hurting anyone else.
+/// all-zero cosine query) must get its error without hurting anyone else: the engine (here posing
+/// as a device engine, as the CUDA engine would be) must not be given up for a request's error.
 #[test]
 fn slot_queries_are_answered_and_checked() {
     kalos::engine::cpu::TEST_SLOT_QUERIES.store(true, Ordering::Relaxed);
+    kalos::engine::cpu::TEST_AS_DEVICE.store(true, Ordering::Relaxed);
     let dim = 64usize;
     let n = 3000usize;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed());

@@ -70,6 +70,13 @@ use crate::types::{Filter, Hit, Metric, Recency, SearchRequest};
 #[doc(hidden)]
 pub static TEST_SLOT_QUERIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Tests only: while this is set, CPU engines report themselves as a device engine
+/// (`EngineKind::Cuda`), so that the server's fallback rules (an engine error other than the
+/// request's own makes it fall back to a fresh CPU engine and count it in stats) run where there
+/// is no GPU.
+#[doc(hidden)]
+pub static TEST_AS_DEVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Instruction set used by the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -786,6 +793,9 @@ fn select(c: &Ctx<'_>, top: &mut TopK, rows: Rows<'_>, s: &[f32], qnorm: Option<
 
 impl Engine for CpuEngine {
     fn kind(&self) -> EngineKind {
+        if TEST_AS_DEVICE.load(std::sync::atomic::Ordering::Relaxed) {
+            return EngineKind::Cuda;
+        }
         EngineKind::Cpu
     }
     fn takes_slot_queries(&self) -> bool {

@@ -635,12 +635,6 @@ pub struct CudaEngine {
     slot_batches: u64,
 }
 
-/// Errors that belong to the request (a bad query found on the device), not to the engine: they
-/// neither poison the engine nor turn gated tiles off.
-fn request_error(s: Status) -> bool {
-    matches!(s, Status::NonFinite | Status::InvalidArgument)
-}
-
 /// One query group's batch_filter launch shape: queries, rows per block, candidate-buffer
 /// capacity and cut level per query, dynamic shared memory.
 struct FilterStep {
@@ -1434,7 +1428,7 @@ impl CudaEngine {
         self.tile16 = self.score16 && self.metric != Metric::L2 && req.recency.is_none() && req.k <= SCORE16_MAX_K;
         let mut r = self.search_batch_tiles(store, req, out);
         let gate_failed = match &r {
-            Err(e) if self.gating && !request_error(e.status) => Some(e.message.clone()),
+            Err(e) if self.gating && !e.status.is_request_error() => Some(e.message.clone()),
             _ => None,
         };
         if let Some(m) = gate_failed {
@@ -1950,7 +1944,7 @@ impl CudaEngine {
             // sticky CUDA error makes every later call fail).
             // A bad query in a client's slot (found on the device: non-finite, or an all-zero
             // cosine query) is the request's error only.
-            if !request_error(e.status) && e.status != Status::StoreFull {
+            if !e.status.is_request_error() && e.status != Status::StoreFull {
                 self.failed = Some(e.message.clone());
             }
         }

@@ -12,7 +12,7 @@ gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -Ltarget/rele
 gcc -O2 -Iinclude examples/python/bench_recall.c -Ltarget/release -lkalos -Wl,-rpath,'$ORIGIN' \
   -o tests/c/build/bench_recall_gpu
 rm -rf .gpu && mkdir -p .gpu/python
-cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh .gpu/
+cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh tests/gpu/*.cu .gpu/
 cp tests/c/build/harness_gpu .gpu/c_harness
 cp tests/c/build/bench_recall_gpu .gpu/bench_recall
 cp target/release/kalosd target/release/examples/gpu_probe .gpu/
