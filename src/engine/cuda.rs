@@ -663,6 +663,14 @@ fn align_up(x: usize, a: usize) -> usize {
 
 /// Argument pointer array of scan_topk / scan_topk_v: `first` points at the first argument's
 /// value (the device input address, or the by-value params + query bytes).
+/// The argument array of a kernel launch: a pointer to each argument (each a local the array
+/// must not outlive; `cuLaunchKernel` and kernel nodes copy the values when called).
+macro_rules! kargs {
+    ($($a:ident),* $(,)?) => {
+        [$(&mut $a as *mut _ as *mut c_void),*]
+    };
+}
+
 fn scan_arg_ptrs(first: *mut c_void, tab: &mut TableArg, tail: &mut [u64; 4]) -> [*mut c_void; 6] {
     let [a, b, c, d] = tail;
     [
@@ -1046,22 +1054,7 @@ impl CudaEngine {
             let mut dns = self.d_ns.ptr;
             let mut dc = self.d_created.ptr;
             let mut de = self.d_expires.ptr;
-            let mut args: [*mut c_void; 14] = [
-                &mut a_rows as *mut _ as *mut c_void,
-                &mut a_norms as *mut _ as *mut c_void,
-                &mut a_ids as *mut _ as *mut c_void,
-                &mut a_ns as *mut _ as *mut c_void,
-                &mut a_cr as *mut _ as *mut c_void,
-                &mut a_ex as *mut _ as *mut c_void,
-                &mut a_v as *mut _ as *mut c_void,
-                &mut mm as *mut _ as *mut c_void,
-                &mut dv as *mut _ as *mut c_void,
-                &mut dn as *mut _ as *mut c_void,
-                &mut di as *mut _ as *mut c_void,
-                &mut dns as *mut _ as *mut c_void,
-                &mut dc as *mut _ as *mut c_void,
-                &mut de as *mut _ as *mut c_void,
-            ];
+            let mut args = kargs![a_rows, a_norms, a_ids, a_ns, a_cr, a_ex, a_v, mm, dv, dn, di, dns, dc, de];
             let blocks = ((m * self.dp).div_ceil(NT as usize)).clamp(1, 4096) as u32;
             ck("launch scatter_rows", unsafe {
                 sys::cuLaunchKernel(self.f_scatter, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
@@ -1595,13 +1588,7 @@ impl CudaEngine {
                         Metric::InnerProduct => 0,
                     };
                     let (mut a_src, mut a_m, mut a_qn, mut a_norms, mut a_bad) = (d_qf32, m as u32, d_qn, norms, d_ovf + 4);
-                    let mut args: [*mut c_void; 5] = [
-                        &mut a_src as *mut _ as *mut c_void,
-                        &mut a_m as *mut _ as *mut c_void,
-                        &mut a_qn as *mut _ as *mut c_void,
-                        &mut a_norms as *mut _ as *mut c_void,
-                        &mut a_bad as *mut _ as *mut c_void,
-                    ];
+                    let mut args = kargs![a_src, a_m, a_qn, a_norms, a_bad];
                     let blocks = (m * 32).div_ceil(NT as usize) as u32;
                     ck("launch check_queries", sys::cuLaunchKernel(self.f_checkq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
                 } else if sb != 0 && qa >= sb && qa + qs.len() * 4 <= sb + sl {
@@ -1625,13 +1612,7 @@ impl CudaEngine {
                     // server normalised all others).
                     let scale = if slot.is_some() && self.metric == Metric::Cosine { d_qn } else { 0 };
                     let (mut a_src, mut a_m, mut a_lo, mut a_scale) = (d_qf32, m as u32, lo, scale);
-                    let mut args: [*mut c_void; 5] = [
-                        &mut a_src as *mut _ as *mut c_void,
-                        &mut a_m as *mut _ as *mut c_void,
-                        &mut a_dst as *mut _ as *mut c_void,
-                        &mut a_lo as *mut _ as *mut c_void,
-                        &mut a_scale as *mut _ as *mut c_void,
-                    ];
+                    let mut args = kargs![a_src, a_m, a_dst, a_lo, a_scale];
                     ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
                 }
                 ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
@@ -1661,14 +1642,7 @@ impl CudaEngine {
                     // The biases follow the bounds tile 0's filter left (on fstream).
                     ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2], 0) })?;
                     let (mut a_thr, mut a_bk, mut a_bc, mut a_cap, mut a_m, mut a_bias) = (d_thr, d_bkey, d_bcnt, cap as u32, m as u32, d_bias);
-                    let mut args: [*mut c_void; 6] = [
-                        &mut a_thr as *mut _ as *mut c_void,
-                        &mut a_bk as *mut _ as *mut c_void,
-                        &mut a_bc as *mut _ as *mut c_void,
-                        &mut a_cap as *mut _ as *mut c_void,
-                        &mut a_m as *mut _ as *mut c_void,
-                        &mut a_bias as *mut _ as *mut c_void,
-                    ];
+                    let mut args = kargs![a_thr, a_bk, a_bc, a_cap, a_m, a_bias];
                     // SAFETY: d_thr, d_bcnt and d_bias hold >= m entries, d_bkey m * cap (ensure_batch).
                     ck("launch gate_bias", unsafe {
                         sys::cuLaunchKernel(self.f_gate_bias, m.div_ceil(NT as usize) as u32, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
@@ -1693,18 +1667,7 @@ impl CudaEngine {
                     let fblocks = self.filter_tile(&fs, buf, fst, row0, rows)?;
                     // With one filter block per query the filter cuts the buffers itself.
                     if fblocks > 1 && t + 1 < ntiles {
-                        let mut targs: [*mut c_void; 10] = [
-                            &mut a_in as *mut _ as *mut c_void,
-                            &mut tab as *mut _ as *mut c_void,
-                            &mut a_bk as *mut _ as *mut c_void,
-                            &mut a_br as *mut _ as *mut c_void,
-                            &mut a_bc as *mut _ as *mut c_void,
-                            &mut a_cap as *mut _ as *mut c_void,
-                            &mut a_high as *mut _ as *mut c_void,
-                            &mut a_thr as *mut _ as *mut c_void,
-                            &mut a_ties as *mut _ as *mut c_void,
-                            &mut a_ovf as *mut _ as *mut c_void,
-                        ];
+                        let mut targs = kargs![a_in, tab, a_bk, a_br, a_bc, a_cap, a_high, a_thr, a_ties, a_ovf];
                         ck("launch batch_tighten", unsafe {
                             sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, fst, targs.as_mut_ptr(), std::ptr::null_mut())
                         })?;
@@ -1719,19 +1682,7 @@ impl CudaEngine {
                 ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2 + (ntiles - 1) % 2], 0) })?;
             }
             let (mut a_oi, mut a_os, mut a_oc) = (d_oids, d_osc, d_ocnt);
-            let mut margs: [*mut c_void; 11] = [
-                &mut a_in as *mut _ as *mut c_void,
-                &mut tab as *mut _ as *mut c_void,
-                &mut a_bk as *mut _ as *mut c_void,
-                &mut a_br as *mut _ as *mut c_void,
-                &mut a_bc as *mut _ as *mut c_void,
-                &mut a_cap as *mut _ as *mut c_void,
-                &mut a_oi as *mut _ as *mut c_void,
-                &mut a_os as *mut _ as *mut c_void,
-                &mut a_oc as *mut _ as *mut c_void,
-                &mut a_ties as *mut _ as *mut c_void,
-                &mut a_q16 as *mut _ as *mut c_void,
-            ];
+            let mut margs = kargs![a_in, tab, a_bk, a_br, a_bc, a_cap, a_oi, a_os, a_oc, a_ties, a_q16];
             // SAFETY: as above; the host vectors hold nqt * k ids/scores and nqt counts.
             unsafe {
                 ck("launch batch_final", sys::cuLaunchKernel(self.f_final, m as u32, 1, 1, NT, 1, 1, smem, self.stream, margs.as_mut_ptr(), std::ptr::null_mut()))?;
@@ -1830,18 +1781,7 @@ impl CudaEngine {
         let n16 = (ldm * rows / 8) as u64;
         let (mut a_d, mut a_n16, mut a_ldm, mut a_m, mut a_row0) = (scores, n16, ldm as u32, m as u32, row0 as u32);
         let (mut a_bk, mut a_br, mut a_bc, mut a_cap, mut a_ovf) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, cap as u32, b.d_overflow.ptr);
-        let mut args: [*mut c_void; 10] = [
-            &mut a_d as *mut _ as *mut c_void,
-            &mut a_n16 as *mut _ as *mut c_void,
-            &mut a_ldm as *mut _ as *mut c_void,
-            &mut a_m as *mut _ as *mut c_void,
-            &mut a_row0 as *mut _ as *mut c_void,
-            &mut a_bk as *mut _ as *mut c_void,
-            &mut a_br as *mut _ as *mut c_void,
-            &mut a_bc as *mut _ as *mut c_void,
-            &mut a_cap as *mut _ as *mut c_void,
-            &mut a_ovf as *mut _ as *mut c_void,
-        ];
+        let mut args = kargs![a_d, a_n16, a_ldm, a_m, a_row0, a_bk, a_br, a_bc, a_cap, a_ovf];
         let blocks = (self.sms * 8).min((n16 as usize).div_ceil(NT as usize)).max(1) as u32;
         // SAFETY: `scores` holds ldm * rows halves (ensure_batch with align_up(nqt, 8) queries),
         // the candidate buffers m * cap entries and m counts.
@@ -1858,23 +1798,7 @@ impl CudaEngine {
         let (mut a_ld, mut a_row0, mut a_rows, mut a_span) = (self.tile_ld(rows) as u32, row0 as u32, rows as u32, fs.span as u32);
         let mut a_ovf = b.d_overflow.ptr;
         let (mut a_cap, mut a_high) = (fs.cap as u32, fs.high as u32);
-        let mut args: [*mut c_void; 15] = [
-            &mut a_in as *mut _ as *mut c_void,
-            &mut a_qn as *mut _ as *mut c_void,
-            &mut tab as *mut _ as *mut c_void,
-            &mut a_sc as *mut _ as *mut c_void,
-            &mut a_ld as *mut _ as *mut c_void,
-            &mut a_row0 as *mut _ as *mut c_void,
-            &mut a_rows as *mut _ as *mut c_void,
-            &mut a_span as *mut _ as *mut c_void,
-            &mut a_bk as *mut _ as *mut c_void,
-            &mut a_br as *mut _ as *mut c_void,
-            &mut a_bc as *mut _ as *mut c_void,
-            &mut a_cap as *mut _ as *mut c_void,
-            &mut a_high as *mut _ as *mut c_void,
-            &mut a_thr as *mut _ as *mut c_void,
-            &mut a_ovf as *mut _ as *mut c_void,
-        ];
+        let mut args = kargs![a_in, a_qn, tab, a_sc, a_ld, a_row0, a_rows, a_span, a_bk, a_br, a_bc, a_cap, a_high, a_thr, a_ovf];
         let blocks = rows.div_ceil(fs.span) as u32;
         // batch_filter takes the first 14 arguments, batch_filter_h all 15.
         let f = if self.tile16 { self.f_filter_h } else { self.f_filter };

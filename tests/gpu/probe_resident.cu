@@ -13,6 +13,9 @@
 //   resA/resAW same, but every block polls the mailbox itself (no relay)
 //   resH/resHW the mailbox in mapped host memory, written by the CPU in place (no API call);
 //              block 0 polls it over PCIe, copies the request to device memory and relays
+//   graphS     a graph of a 1-block kernel whose 4-byte argument is replaced per request
+//   graphC1/graphCW  a fixed two-node graph: copy node (the 1152-byte request from pinned
+//              staging) -> kernel reading it from device memory; nothing replaced per request
 //   launch0/graph0/launchA  launch floors: a 1-block kernel publishing a device counter, by
 //              plain launch and by a graph with nothing replaced; k_graph's 1152-byte argument
 //              by plain launch
@@ -113,8 +116,8 @@ __device__ void finish(float bm, float* gmax, u32* ticket, u32 grid, volatile u3
     }
 }
 
-__global__ void __launch_bounds__(NT) k_graph(const Arg a, const float4* T, float* gmax, u32* ticket,
-                                              volatile u32* hres, float* hval) {
+__device__ void graph_body(const Arg& a, const float4* T, float* gmax, u32* ticket, volatile u32* hres,
+                           float* hval) {
     __shared__ float qs[D];
     __shared__ float red[NT / 32];
     const int t = threadIdx.x;
@@ -126,6 +129,26 @@ __global__ void __launch_bounds__(NT) k_graph(const Arg a, const float4* T, floa
         m = scan_max(T, qs, r0, r1, red);
     }
     finish(m, gmax, ticket, gridDim.x, hres, hval, a.seq);
+}
+
+// The request by value (the argument each request replaces in the graph's kernel node).
+__global__ void __launch_bounds__(NT) k_graph(const Arg a, const float4* T, float* gmax, u32* ticket,
+                                              volatile u32* hres, float* hval) {
+    graph_body(a, T, gmax, ticket, hres, hval);
+}
+
+// The request from device memory (a copy node in the same graph put it there).
+__global__ void __launch_bounds__(NT) k_copy(const Arg* in, const float4* T, float* gmax, u32* ticket,
+                                             volatile u32* hres, float* hval) {
+    graph_body(*in, T, gmax, ticket, hres, hval);
+}
+
+// Publishes its one small argument.
+__global__ void k_tiny(u32 seq, volatile u32* hres) {
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        *hres = seq;
+    }
 }
 
 // Waits for request `want` in the mailbox (all MBW words tagged `want`), by one warp. Returns
@@ -356,6 +379,81 @@ int main(int argc, char** argv) {
     run_floor("launch0", 0);
     run_floor("graph0", 1);
     run_floor("launchA", 2);
+    // graphS: a graph of k_tiny, its 4-byte argument replaced per request (the SetParams call alone).
+    {
+        *hres = 0;
+        seq = 0;
+        u32 sq = 0;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+        k_tiny<<<1, 32, 0, s1>>>(sq, dres);
+        CK(cudaStreamEndCapture(s1, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        cudaGraphNode_t node;
+        size_t nn = 1;
+        CK(cudaGraphGetNodes(g, &node, &nn));
+        cudaKernelNodeParams kp;
+        CK(cudaGraphKernelNodeGetParams(node, &kp));
+        void* args[2] = {&sq, &dres};
+        kp.kernelParams = args;
+        std::vector<double> rt, call;
+        for (int i = 0; i < WARM + NREQ; i++) {
+            sq = ++seq;
+            const double t0 = now_us();
+            CK(cudaGraphExecKernelNodeSetParams(ge, node, &kp));
+            CK(cudaGraphLaunch(ge, s1));
+            const double t1 = now_us();
+            spin(sq);
+            if (i >= WARM) { rt.push_back(now_us() - t0); call.push_back(t1 - t0); }
+        }
+        CK(cudaStreamSynchronize(s1));
+        printf("%-9s grid %4u  round trip p50 %6.2f us  p99 %6.2f   (launch calls p50 %5.2f)\n", "graphS", 1u,
+               pct(rt, .5), pct(rt, .99), pct(call, .5));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    // graphC: a fixed graph, copy node (the request from pinned staging) -> k_copy; nothing replaced.
+    Arg* harg;
+    Arg* darg;
+    CK(cudaHostAlloc(&harg, sizeof(Arg), cudaHostAllocDefault));
+    CK(cudaMalloc(&darg, sizeof(Arg)));
+    auto run_copy = [&](const char* name, u32 grid, u32 work) {
+        *hres = 0;
+        seq = 0;
+        memset(harg, 0, sizeof(Arg));
+        harg->n = N;
+        harg->chunk = (N + grid - 1) / grid;
+        harg->work = work;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+        CK(cudaMemcpyAsync(darg, harg, sizeof(Arg), cudaMemcpyHostToDevice, s1));
+        k_copy<<<grid, NT, 0, s1>>>(darg, T, gmax, ticket, dres, dval);
+        CK(cudaStreamEndCapture(s1, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        std::vector<double> rt, call;
+        for (int i = 0; i < WARM + NREQ; i++) {
+            for (int d = 0; d < D; d++) harg->q[d] = rnd();
+            harg->seq = ++seq;
+            const double t0 = now_us();
+            CK(cudaGraphLaunch(ge, s1));
+            const double t1 = now_us();
+            spin(seq);
+            const double t2 = now_us();
+            if (i >= WARM) { rt.push_back(t2 - t0); call.push_back(t1 - t0); }
+            if (work && i % 500 == 0 && std::fabs(*hval - ref_max(harg->q)) > 1e-3f * (1 + std::fabs(*hval))) bad++;
+        }
+        CK(cudaStreamSynchronize(s1));
+        printf("%-9s grid %4u  round trip p50 %6.2f us  p99 %6.2f   (launch call p50 %5.2f)\n", name, grid,
+               pct(rt, .5), pct(rt, .99), pct(call, .5));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        *hres = 0;
+        seq = 0;
+    };
+    run_copy("graphC1", 1, 0);
+    run_copy("graphCW", 256, 1);
     run_graph("graph1", 1, 0);
     run_graph("graphG", G, 0);
     run_graph("graphW", G, 1);
