@@ -992,9 +992,30 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
 }
 
 #if BYVAL
-// Params + query as the kernel's by-value argument: no copy node, no dependent global load.
-extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
-                                                             u32* ctl, unsigned char* out) {
+// Params' fields before the namespace list (n .. qscale), which both by-value arguments start with.
+#define PARAMS_HEAD 64
+static_assert(__builtin_offsetof(Params, ns) == PARAMS_HEAD, "Params head");
+
+// The compact by-value argument: Params' head, the response address and up to NS_INLINE
+// namespaces, 104 bytes in place of Params' 640 (a filter of more namespaces takes
+// scan_topk_v). Each request's graph update copies the whole argument: on the H200 a kernel
+// node with a 4-byte argument answers in 6.4-6.6 us, with 1152 bytes in 9.4-9.6 us
+// (tests/gpu/probe_resident.cu). Layout mirrored in cuda.rs (ParamsC).
+#define NS_INLINE 4
+struct ParamsC {
+    u32 head[PARAMS_HEAD / 4];
+    u64 dst;
+    u64 ns[NS_INLINE];
+};
+struct ArgC {
+    ParamsC p;
+    float q[DP];
+};
+
+// A by-value request (Arg or ArgC) into shared memory, then the single-query path.
+template <u32 NSMAX, class A>
+__device__ __forceinline__ void scan_byval(const A& a, const Table& T, u32* cand_key, u32* cand_row, u32* ctl,
+                                           unsigned char* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
@@ -1002,11 +1023,25 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table 
     const int t = threadIdx.x;
     float* qs = (float*)(smem + SMEM_MAIN);
     for (int i = t; i < DP; i += NT) qs[i] = a.q[i];
-    for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) ((u32*)&P)[i] = ((const u32*)&a.p)[i];
-    if (a.p.nns != NONE_U32)
-        for (u32 i = t; i < a.p.nns && i < MAXNS; i += NT) sns[i] = a.p.ns[i];
+    for (int i = t; i < PARAMS_HEAD / 4; i += NT) ((u32*)&P)[i] = ((const u32*)&a.p)[i];
+    if (t == 0) P.dst = a.p.dst;
+    const u32 nns = ((const u32*)&a.p)[2];  // Params::nns
+    if (nns != NONE_U32)
+        for (u32 i = t; i < nns && i < NSMAX; i += NT) sns[i] = a.p.ns[i];
     __syncthreads();
     scan_topk_body(P, qs, T, cand_key, cand_row, ctl, out, smem, S, sns);
+}
+
+// Params + query as the kernel's by-value argument: no copy node, no dependent global load.
+extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
+                                                             u32* ctl, unsigned char* out) {
+    scan_byval<MAXNS>(a, T, cand_key, cand_row, ctl, out);
+}
+
+// The compact argument (requests filtered by at most NS_INLINE namespaces).
+extern "C" __global__ void __launch_bounds__(NT) scan_topk_c(const ArgC a, Table T, u32* cand_key, u32* cand_row,
+                                                             u32* ctl, unsigned char* out) {
+    scan_byval<NS_INLINE>(a, T, cand_key, cand_row, ctl, out);
 }
 #endif
 

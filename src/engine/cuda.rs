@@ -131,6 +131,43 @@ struct Params {
 }
 const _: () = assert!(std::mem::size_of::<Params>() <= PARAMS_BYTES);
 
+/// Namespaces the compact single-query argument carries (`NS_INLINE` in kernels/topk.cu).
+const NS_INLINE: usize = 4;
+
+/// Params' fields before the namespace list (n .. qscale): the head both by-value arguments
+/// start with (`PARAMS_HEAD` in kernels/topk.cu).
+const PARAMS_HEAD: usize = std::mem::offset_of!(Params, ns);
+const _: () = assert!(PARAMS_HEAD == 64);
+
+/// The compact by-value request of `scan_topk_c` (`struct ParamsC` in kernels/topk.cu), which
+/// the query follows: Params' head, the response address and up to NS_INLINE namespaces, 104
+/// bytes in place of Params' 640. A graph's kernel-node update copies the whole argument, and
+/// on the H200 its size is most of the update's cost (docs/GPU.md).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ParamsC {
+    head: [u8; PARAMS_HEAD],
+    dst: u64,
+    ns: [u64; NS_INLINE],
+}
+const PARAMS_C_BYTES: usize = std::mem::size_of::<ParamsC>();
+const _: () = assert!(PARAMS_C_BYTES == 104);
+
+impl ParamsC {
+    /// The compact form of `p`, when its filter fits (else None).
+    fn of(p: &Params) -> Option<ParamsC> {
+        let nns = if p.nns == NONE_U32 { 0 } else { p.nns as usize };
+        if nns > NS_INLINE {
+            return None;
+        }
+        let mut c = ParamsC { head: [0; PARAMS_HEAD], dst: p.dst, ns: [0; NS_INLINE] };
+        // SAFETY: Params is repr(C) plain data of at least PARAMS_HEAD bytes.
+        c.head.copy_from_slice(unsafe { std::slice::from_raw_parts(p as *const Params as *const u8, PARAMS_HEAD) });
+        c.ns[..nns].copy_from_slice(&p.ns[..nns]);
+        Some(c)
+    }
+}
+
 /// Device table columns (`struct Table` in the kernel), passed by value.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -496,6 +533,10 @@ pub struct CudaEngine {
     f_scan: sys::CUfunction,
     /// The by-value single-query kernel (None when params + query exceed 4 KiB).
     f_scan_v: Option<sys::CUfunction>,
+    /// `scan_topk_c`: the by-value kernel with the compact argument (graph mode only).
+    f_scan_c: Option<sys::CUfunction>,
+    /// Single queries sent with the compact argument (for the report).
+    compact_sq: u64,
     sq_mode: SqMode,
     f_filter: sys::CUfunction,
     /// batch_filter over f16 score tiles (f16 storage, `score16`).
@@ -596,7 +637,8 @@ pub struct CudaEngine {
     /// Merge control of the single-query kernel: [ticket, bound, candidates appended, 0].
     d_ticket: DevBuf,
     cand_cap: usize,
-    graphs: HashMap<u32, (u64, Graph)>,
+    /// Single-query graphs by (grid, compact argument).
+    graphs: HashMap<(u32, bool), (u64, Graph)>,
     // Sync staging.
     h_stage: HostBuf,
     d_stage: DevBuf,
@@ -700,12 +742,21 @@ fn kernel_node(f: sys::CUfunction, grid: u32, smem: u32, args: *mut *mut c_void)
     }
 }
 
-/// Writes Params and the query (zero-padded to `dp` floats) as the kernels read them.
-fn put_request(buf: &mut [u8], p: &Params, q: &[f32], dp: usize) {
-    // SAFETY: Params is repr(C) plain data.
-    let pb = unsafe { std::slice::from_raw_parts(p as *const Params as *const u8, std::mem::size_of::<Params>()) };
-    buf[..pb.len()].copy_from_slice(pb);
-    let qb = &mut buf[PARAMS_BYTES..PARAMS_BYTES + dp * 4];
+/// Writes Params (or, with `compact`, its ParamsC form) and the query (zero-padded to `dp`
+/// floats) as the kernels read them.
+fn put_request(buf: &mut [u8], p: &Params, compact: Option<&ParamsC>, q: &[f32], dp: usize) {
+    let at = if let Some(c) = compact {
+        // SAFETY: ParamsC is repr(C) plain data.
+        let pb = unsafe { std::slice::from_raw_parts(c as *const ParamsC as *const u8, PARAMS_C_BYTES) };
+        buf[..PARAMS_C_BYTES].copy_from_slice(pb);
+        PARAMS_C_BYTES
+    } else {
+        // SAFETY: Params is repr(C) plain data.
+        let pb = unsafe { std::slice::from_raw_parts(p as *const Params as *const u8, std::mem::size_of::<Params>()) };
+        buf[..pb.len()].copy_from_slice(pb);
+        PARAMS_BYTES
+    };
+    let qb = &mut buf[at..at + dp * 4];
     for (i, c) in qb.chunks_exact_mut(4).enumerate() {
         let v = if i < q.len() { q[i] } else { 0.0 };
         c.copy_from_slice(&v.to_le_bytes());
@@ -757,6 +808,13 @@ impl CudaEngine {
         };
         let f_scan = getf("scan_topk")?;
         let f_scan_v = if PARAMS_BYTES + dp * 4 <= MAX_ARG_BYTES { Some(getf("scan_topk_v")?) } else { None };
+        // The compact by-value kernel, for graph mode: opt-in (KALOS_SQ_COMPACT=1) until it has
+        // been checked and measured on the GPU (added in the twelfth session, compile-checked
+        // only; docs/GPU.md, "Not done").
+        let f_scan_c = match f_scan_v {
+            Some(_) if std::env::var("KALOS_SQ_COMPACT").as_deref() == Ok("1") => Some(getf("scan_topk_c")?),
+            _ => None,
+        };
         // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
         // round trip was 1.3-2.9 us shorter on the H200 (three runs); at 128 dims they tie.
         let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {
@@ -777,7 +835,7 @@ impl CudaEngine {
         let f_checkq = getf("check_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
         let smem_filter = filter_smem(KMAX, fstep);
-        for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (Some(f_filter), smem_filter), (Some(f_filter_h), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
+        for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (f_scan_c, smem_scan), (Some(f_filter), smem_filter), (Some(f_filter_h), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
             let Some(f) = f else { continue };
             ck("cuFuncSetAttribute", unsafe {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -813,6 +871,8 @@ impl CudaEngine {
             _module: module.clone(),
             f_scan,
             f_scan_v,
+            f_scan_c,
+            compact_sq: 0,
             sq_mode,
             f_filter,
             f_filter_h,
@@ -1095,15 +1155,16 @@ impl CudaEngine {
     }
 
     /// Builds the single-query graph for `grid` blocks. Copy mode: captured H2D(params + query)
-    /// → scan_topk. Graph mode: one scan_topk_v kernel node, whose by-value argument each
-    /// request replaces (`cuGraphExecKernelNodeSetParams`).
-    fn build_graph(&mut self, grid: u32) -> Result<Graph> {
+    /// → scan_topk. Graph mode: one scan_topk_v (`compact`: scan_topk_c) kernel node, whose
+    /// by-value argument each request replaces (`cuGraphExecKernelNodeSetParams`).
+    fn build_graph(&mut self, grid: u32, compact: bool) -> Result<Graph> {
         let smem = (SMEM_MAIN + self.dp * 4) as u32;
         let in_bytes = PARAMS_BYTES + self.dp * 4;
         let (mut tab, mut tail) = self.scan_tail();
         unsafe {
             if self.sq_mode == SqMode::Graph {
-                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
+                let f = if compact { self.f_scan_c } else { self.f_scan_v };
+                let f = f.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
                 let mut graph: sys::CUgraph = std::ptr::null_mut();
                 ck("graph create", sys::cuGraphCreate(&mut graph, 0))?;
                 let mut g = Graph { graph, exec: std::ptr::null_mut(), node: std::ptr::null_mut() };
@@ -1173,11 +1234,6 @@ impl CudaEngine {
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
-        if self.sq_mode != SqMode::Launch && self.graphs.get(&grid).is_none_or(|(g, _)| *g != self.gen) {
-            self.graphs.remove(&grid);
-            let g = self.build_graph(grid)?;
-            self.graphs.insert(grid, (self.gen, g));
-        }
         let mut p = self.fill_params(req, store, n, k, grid, chunk);
         if self.metric == Metric::L2 {
             p.qnorm = q.iter().map(|x| x * x).sum();
@@ -1195,22 +1251,32 @@ impl CudaEngine {
         if let Some((_, dst)) = direct {
             p.dst = dst;
         }
+        // Graph mode sends the compact argument when the filter fits it.
+        let pc = if self.sq_mode == SqMode::Graph && self.f_scan_c.is_some() { ParamsC::of(&p) } else { None };
+        let key = (grid, pc.is_some());
+        if self.sq_mode != SqMode::Launch && self.graphs.get(&key).is_none_or(|(g, _)| *g != self.gen) {
+            self.graphs.remove(&key);
+            let g = self.build_graph(grid, key.1)?;
+            self.graphs.insert(key, (self.gen, g));
+        }
         let dp = self.dp;
-        put_request(self.h_in.slice(), &p, q, dp);
+        put_request(self.h_in.slice(), &p, pc.as_ref(), q, dp);
         let t0 = std::time::Instant::now();
         let smem = (SMEM_MAIN + self.dp * 4) as u32;
         let (mut tab, mut tail) = self.scan_tail();
         let mut args = scan_arg_ptrs(self.h_in.ptr as *mut c_void, &mut tab, &mut tail);
         match self.sq_mode {
             SqMode::Graph => {
-                let g = &self.graphs.get(&grid).unwrap().1;
-                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
+                let g = &self.graphs.get(&key).unwrap().1;
+                let f = if key.1 { self.f_scan_c } else { self.f_scan_v };
+                let f = f.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
                 let kp = kernel_node(f, grid, smem, args.as_mut_ptr());
                 ck("graph set params", unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, g.node, &kp) })?;
                 ck("graph launch", unsafe { sys::cuGraphLaunch(g.exec, self.stream) })?;
+                self.compact_sq += key.1 as u64;
             }
             SqMode::Copy => {
-                let exec = self.graphs.get(&grid).unwrap().1.exec;
+                let exec = self.graphs.get(&key).unwrap().1.exec;
                 ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
             }
             SqMode::Launch => {
@@ -1884,13 +1950,14 @@ impl Drop for CudaEngine {
             let mut a = self.rtt_api.clone();
             a.sort_unstable();
             eprintln!(
-                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us (of which the launch calls on the host p50 {:.1} us; mode {:?}); {} responses written into the client's slot by the kernel",
+                "kalos cuda engine ({}): {} single-query GPU round trips (graph launch -> results in host memory): p50 {:.1} us, p99 {:.1} us (of which the launch calls on the host p50 {:.1} us; mode {:?}, {} with the compact argument); {} responses written into the client's slot by the kernel",
                 self.describe(),
                 v.len(),
                 v[v.len() / 2] as f64 / 1000.0,
                 v[(v.len() * 99) / 100] as f64 / 1000.0,
                 a[a.len() / 2] as f64 / 1000.0,
                 self.sq_mode,
+                self.compact_sq,
                 self.direct_writes
             );
         }
@@ -2068,5 +2135,62 @@ impl Engine for CudaEngine {
                 e.search_batch(store, req, out)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(nns: u32) -> Params {
+        let mut ns = [0u64; MAX_FILTER_NAMESPACES];
+        for (i, x) in ns.iter_mut().enumerate() {
+            *x = 1000 + i as u64;
+        }
+        Params {
+            n: 10_000,
+            k: 10,
+            nns,
+            flags: FLAG_EXPIRY,
+            now_ms: 1_700_000_000_123,
+            w: 0.25,
+            qnorm: 3.5,
+            hl: 60_000.0,
+            grid: 256,
+            chunk: 40,
+            ntiles: 1,
+            fseg: 7,
+            seq: 41,
+            qscale: 1.5,
+            ns,
+            dst: 0xdead_beef_0000,
+        }
+    }
+
+    /// The compact argument carries Params' head byte for byte, the response address and the
+    /// filter, and is refused for a filter it cannot hold (scan_topk_v takes those).
+    #[test]
+    fn compact_argument_mirrors_params() {
+        for nns in [NONE_U32, 1, NS_INLINE as u32] {
+            let p = params(nns);
+            let c = ParamsC::of(&p).expect("fits");
+            // SAFETY: Params is repr(C) plain data.
+            let pb = unsafe { std::slice::from_raw_parts(&p as *const Params as *const u8, std::mem::size_of::<Params>()) };
+            assert_eq!(&c.head[..], &pb[..PARAMS_HEAD]);
+            assert_eq!(c.dst, p.dst);
+            let used = if nns == NONE_U32 { 0 } else { nns as usize };
+            assert_eq!(&c.ns[..used], &p.ns[..used]);
+            assert!(c.ns[used..].iter().all(|&x| x == 0));
+            // The request block as the compact kernel reads it: ParamsC, then the query.
+            let mut buf = vec![0u8; PARAMS_BYTES + 8 * 4];
+            let q = [1.0f32, -2.0, 3.0];
+            put_request(&mut buf, &p, Some(&c), &q, 8);
+            assert_eq!(&buf[..PARAMS_HEAD], &pb[..PARAMS_HEAD]);
+            assert_eq!(&buf[PARAMS_HEAD..PARAMS_HEAD + 8], &p.dst.to_le_bytes());
+            let qf: Vec<f32> = buf[PARAMS_C_BYTES..PARAMS_C_BYTES + 32].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(qf, [1.0, -2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        }
+        assert!(ParamsC::of(&params(NS_INLINE as u32 + 1)).is_none());
+        assert!(ParamsC::of(&params(64)).is_none());
     }
 }

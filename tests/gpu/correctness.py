@@ -192,6 +192,12 @@ def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2):
             many = list(range(100, 164))
             check("%s/%s/ns64/k=100" % (tag, phase), ref, q, st.recall(q, 100, namespaces=many), 100,
                   mask=np.isin(ref.ns, many), s=s)
+            # 4 namespaces: the most the compact single-query argument carries; 5: one more
+            for m in (4, 5):
+                first = int(ref.ns[0]) if len(ref.ns) else 1
+                few = [first] + [x for x in range(200, 210) if x != first][:m - 1]
+                check("%s/%s/ns%d/k=10" % (tag, phase, m), ref, q, st.recall(q, 10, namespaces=few), 10,
+                      mask=np.isin(ref.ns, few), s=s)
         nq = 33
         Q = rng.standard_normal((nq, dim)).astype(np.float32)
         for k in (10, 1024 if n <= 300_000 else 100):

@@ -118,7 +118,7 @@ __device__ void finish(float bm, float* gmax, u32* ticket, u32 grid, volatile u3
 
 __device__ void graph_body(const Arg& a, const float4* T, float* gmax, u32* ticket, volatile u32* hres,
                            float* hval) {
-    __shared__ float qs[D];
+    __shared__ __align__(16) float qs[D];
     __shared__ float red[NT / 32];
     const int t = threadIdx.x;
     for (int i = t; i < D; i += NT) qs[i] = a.q[i];
@@ -172,7 +172,7 @@ __device__ bool poll_mailbox(const u64* mb, u32 want, u64 idle_ns) {
 __global__ void __launch_bounds__(NT) k_res(const u64* mb, u32* go, int relay, const float4* T, float* gmax,
                                             u32* ticket, volatile u32* hres, float* hval, u64 idle_ns,
                                             u64* relay_buf) {
-    __shared__ float qs[D];
+    __shared__ __align__(16) float qs[D];
     __shared__ float red[NT / 32];
     __shared__ u32 sw[4];
     __shared__ int alive;
