@@ -1012,10 +1012,11 @@ struct ArgC {
     float q[DP];
 };
 
-// A by-value request (Arg or ArgC) into shared memory, then the single-query path.
-template <u32 NSMAX, class A>
-__device__ __forceinline__ void scan_byval(const A& a, const Table& T, u32* cand_key, u32* cand_row, u32* ctl,
-                                           unsigned char* out) {
+// Params + query as the kernel's by-value argument: no copy node, no dependent global load.
+// (scan_topk_c repeats this preamble for the compact argument; this one stays as it was checked
+// on the H200 until the compact path has run on a GPU, then the two can share it.)
+extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
+                                                             u32* ctl, unsigned char* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ SelShared S;
     __shared__ u64 sns[MAXNS];
@@ -1023,25 +1024,31 @@ __device__ __forceinline__ void scan_byval(const A& a, const Table& T, u32* cand
     const int t = threadIdx.x;
     float* qs = (float*)(smem + SMEM_MAIN);
     for (int i = t; i < DP; i += NT) qs[i] = a.q[i];
-    for (int i = t; i < PARAMS_HEAD / 4; i += NT) ((u32*)&P)[i] = ((const u32*)&a.p)[i];
-    if (t == 0) P.dst = a.p.dst;
-    const u32 nns = ((const u32*)&a.p)[2];  // Params::nns
-    if (nns != NONE_U32)
-        for (u32 i = t; i < nns && i < NSMAX; i += NT) sns[i] = a.p.ns[i];
+    for (int i = t; i < (int)(sizeof(Params) / 4); i += NT) ((u32*)&P)[i] = ((const u32*)&a.p)[i];
+    if (a.p.nns != NONE_U32)
+        for (u32 i = t; i < a.p.nns && i < MAXNS; i += NT) sns[i] = a.p.ns[i];
     __syncthreads();
     scan_topk_body(P, qs, T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 
-// Params + query as the kernel's by-value argument: no copy node, no dependent global load.
-extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
-                                                             u32* ctl, unsigned char* out) {
-    scan_byval<MAXNS>(a, T, cand_key, cand_row, ctl, out);
-}
-
-// The compact argument (requests filtered by at most NS_INLINE namespaces).
+// The compact argument (requests filtered by at most NS_INLINE namespaces): Params' head and
+// the response address into shared memory, the namespaces into sns, then the single-query path.
 extern "C" __global__ void __launch_bounds__(NT) scan_topk_c(const ArgC a, Table T, u32* cand_key, u32* cand_row,
                                                              u32* ctl, unsigned char* out) {
-    scan_byval<NS_INLINE>(a, T, cand_key, cand_row, ctl, out);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ SelShared S;
+    __shared__ u64 sns[MAXNS];
+    __shared__ Params P;
+    const int t = threadIdx.x;
+    float* qs = (float*)(smem + SMEM_MAIN);
+    for (int i = t; i < DP; i += NT) qs[i] = a.q[i];
+    for (int i = t; i < PARAMS_HEAD / 4; i += NT) ((u32*)&P)[i] = a.p.head[i];
+    if (t == 0) P.dst = a.p.dst;
+    const u32 nns = a.p.head[2];  // Params::nns
+    if (nns != NONE_U32)
+        for (u32 i = t; i < nns && i < NS_INLINE; i += NT) sns[i] = a.p.ns[i];
+    __syncthreads();
+    scan_topk_body(P, qs, T, cand_key, cand_row, ctl, out, smem, S, sns);
 }
 #endif
 
