@@ -703,8 +703,6 @@ fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
-/// Argument pointer array of scan_topk / scan_topk_v: `first` points at the first argument's
-/// value (the device input address, or the by-value params + query bytes).
 /// The argument array of a kernel launch: a pointer to each argument (each a local the array
 /// must not outlive; `cuLaunchKernel` and kernel nodes copy the values when called).
 macro_rules! kargs {
@@ -713,6 +711,8 @@ macro_rules! kargs {
     };
 }
 
+/// Argument pointer array of scan_topk / scan_topk_v / scan_topk_c: `first` points at the first
+/// argument's value (the device input address, or the by-value params + query bytes).
 fn scan_arg_ptrs(first: *mut c_void, tab: &mut TableArg, tail: &mut [u64; 4]) -> [*mut c_void; 6] {
     let [a, b, c, d] = tail;
     [

@@ -217,35 +217,27 @@ impl Lt {
     #[allow(clippy::too_many_arguments)]
     fn time(&self, s: &Shape, algo: &lt::cublasLtMatmulAlgo_t, q16: u64, rows0: u64, bias: u64, out: u64, stream: sys::CUstream) -> Result<f32> {
         let mut ev: [sys::CUevent; 2] = [std::ptr::null_mut(); 2];
-        // SAFETY: two events of this call, destroyed before it returns (also when creating the
-        // second one fails); the stream is the engine's own.
+        // SAFETY: the events this call creates, all destroyed before it returns (whichever step
+        // fails); the stream is the engine's own.
         unsafe {
-            let mut created = Ok(());
-            for e in ev.iter_mut() {
-                created = ck("cuEventCreate", sys::cuEventCreate(e, 0));
-                if created.is_err() {
-                    break;
-                }
-            }
-            if let Err(e) = created {
-                for ev in ev.into_iter().filter(|e| !e.is_null()) {
-                    sys::cuEventDestroy_v2(ev);
-                }
-                return Err(e);
-            }
             let mut ms = f32::INFINITY;
-            let mut res = Ok(());
-            if self.run(s, algo, q16, rows0, bias, out, stream).is_ok() {
-                sys::cuEventRecord(ev[0], stream);
-                let ok = self.run(s, algo, q16, rows0, bias, out, stream).is_ok();
-                sys::cuEventRecord(ev[1], stream);
-                let r = sys::cuEventSynchronize(ev[1]);
-                if ok && r == sys::CUresult::CUDA_SUCCESS {
-                    sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]);
+            let res = (|| -> Result<()> {
+                for e in ev.iter_mut() {
+                    ck("cuEventCreate", sys::cuEventCreate(e, 0))?;
                 }
-                res = ck("GEMM timing", r);
-            }
-            for e in ev {
+                if self.run(s, algo, q16, rows0, bias, out, stream).is_ok() {
+                    sys::cuEventRecord(ev[0], stream);
+                    let ok = self.run(s, algo, q16, rows0, bias, out, stream).is_ok();
+                    sys::cuEventRecord(ev[1], stream);
+                    let r = sys::cuEventSynchronize(ev[1]);
+                    if ok && r == sys::CUresult::CUDA_SUCCESS {
+                        sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]);
+                    }
+                    ck("GEMM timing", r)?;
+                }
+                Ok(())
+            })();
+            for e in ev.into_iter().filter(|e| !e.is_null()) {
                 sys::cuEventDestroy_v2(e);
             }
             res.map(|()| ms)
