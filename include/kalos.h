@@ -304,6 +304,10 @@ typedef struct kalos_stats_info {
   uint64_t engine_fallbacks;
   // NUL-terminated engine description, e.g. "cpu-avx2-x2".
   char engine_name[48];
+  // NUL-terminated reason the CUDA engine is not serving (it could not start under
+  // `KALOS_BACKEND_AUTO`, or it failed while serving); "" when nothing fell back. Cut at 255
+  // bytes.
+  char fallback_reason[256];
 } kalos_stats_info;
 
 #ifdef __cplusplus
@@ -498,7 +502,8 @@ kalos_status kalos_get(const struct kalos_handle *h,
                        size_t *payload_needed);
 
 // Fills `*out` with the server's statistics. Set `out->struct_size = sizeof(kalos_stats_info)`
-// first.
+// first; a caller built against an older, shorter `kalos_stats_info` gets the fields it knows
+// (only `struct_size` bytes are written).
 //
 // # Safety
 // `out` writable for `out->struct_size` bytes.

@@ -28,7 +28,7 @@ use std::ffi::c_void;
 
 use jni::objects::{JByteArray, JClass, JFloatArray, JIntArray, JLongArray, JObject, JString};
 use jni::refs::Global;
-use jni::sys::{jdouble, jfloat, jint, jlong, jobject, jstring};
+use jni::sys::{jdouble, jfloat, jint, jlong, jobject, jobjectArray, jstring};
 use jni::{jni_sig, jni_str, Env, EnvUnowned, JValue, Outcome};
 use once_cell::sync::OnceCell;
 
@@ -702,10 +702,10 @@ pub extern "system" fn Java_io_kalos_Native_get<'l>(
     })
 }
 
-/// `static native String stats(long h, long[] out)`: fills 18 counters (order of
-/// `io.kalos.Stats`) and returns the engine name.
+/// `static native String[] stats(long h, long[] out)`: fills 18 counters (order of
+/// `io.kalos.Stats`) and returns {engine name, fallback reason}.
 #[no_mangle]
-pub extern "system" fn Java_io_kalos_Native_stats<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong, out: JLongArray<'l>) -> jstring {
+pub extern "system" fn Java_io_kalos_Native_stats<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong, out: JLongArray<'l>) -> jobjectArray {
     run(&mut env, |env| {
         let s = handle(h)?.stats()?;
         let v = [
@@ -729,6 +729,11 @@ pub extern "system" fn Java_io_kalos_Native_stats<'l>(mut env: EnvUnowned<'l>, _
             s.engine_fallbacks,
         ];
         out.set_region(env, 0, as_i64(&v))?;
-        Ok(env.new_string(&s.engine_name)?.into_raw())
+        let names = env.new_object_array(2, jni_str!("java/lang/String"), JObject::null())?;
+        for (i, text) in [&s.engine_name, &s.fallback_reason].into_iter().enumerate() {
+            let js = env.new_string(text)?;
+            names.set_element(env, i, js)?;
+        }
+        Ok(names.into_raw())
     })
 }

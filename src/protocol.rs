@@ -201,6 +201,9 @@ pub struct Stats {
     /// Number of times the GPU engine failed and the server fell back to the CPU.
     pub engine_fallbacks: u64,
     pub engine_name: String,
+    /// Why the CUDA engine is not serving: it could not start under backend auto, or it failed
+    /// while serving. Empty when nothing fell back.
+    pub fallback_reason: String,
 }
 
 impl Stats {
@@ -226,11 +229,14 @@ impl Stats {
             self.engine_fallbacks,
         ]);
         w.u32(self.engine_name.len() as u32).bytes(self.engine_name.as_bytes());
+        w.u32(self.fallback_reason.len() as u32).bytes(self.fallback_reason.as_bytes());
     }
     pub fn decode(r: &mut Reader<'_>) -> Result<Stats> {
         let v = r.u64s(18, "stats")?;
         let n = r.u32("engine name length")? as usize;
         let name = String::from_utf8_lossy(r.take(n, "engine name")?).into_owned();
+        let n = r.u32("fallback reason length")? as usize;
+        let fallback_reason = String::from_utf8_lossy(r.take(n, "fallback reason")?).into_owned();
         Ok(Stats {
             count: v[0],
             capacity: v[1],
@@ -251,6 +257,7 @@ impl Stats {
             uptime_ms: v[16],
             engine_fallbacks: v[17],
             engine_name: name,
+            fallback_reason,
         })
     }
 }

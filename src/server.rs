@@ -101,14 +101,19 @@ pub fn resolve_backend(opt: Backend) -> Result<Backend> {
     }
 }
 
-fn make_engine(backend: Backend, opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
+/// The engine for `backend`, and why the CUDA engine is not serving when `Auto` fell back to
+/// the CPU engine (no driver, a compile error, out of memory, an unsupported device).
+fn make_engine(backend: Backend, opts: &Options, store: &Store) -> Result<(Box<dyn Engine>, Option<String>)> {
     let cpu = || Box::new(CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns)) as Box<dyn Engine>;
     match backend {
-        Backend::Cpu => Ok(cpu()),
-        Backend::Cuda => engine::cuda::create(opts, store),
+        Backend::Cpu => Ok((cpu(), None)),
+        Backend::Cuda => Ok((engine::cuda::create(opts, store)?, None)),
         // Auto: the GPU when one is usable, with a cost model that keeps requests too small to
         // pay for a GPU round trip on the CPU (engine::cuda::create_auto); else the CPU engine.
-        Backend::Auto => Ok(engine::cuda::create_auto(opts, store).unwrap_or_else(|_| cpu())),
+        Backend::Auto => Ok(match engine::cuda::create_auto(opts, store) {
+            Ok(e) => (e, None),
+            Err(e) => (cpu(), Some(e.message)),
+        }),
     }
 }
 
@@ -181,7 +186,7 @@ fn server_main(
 ) {
     let h = seg.header();
     // The engine is created on this thread: a CUDA context is bound to the thread that uses it.
-    let engine = match catch_unwind(AssertUnwindSafe(|| make_engine(backend, &opts, &store))) {
+    let (engine, fallback_reason) = match catch_unwind(AssertUnwindSafe(|| make_engine(backend, &opts, &store))) {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => {
             h.server_state.store(shm::SERVER_STOPPED, Ordering::SeqCst);
@@ -195,6 +200,7 @@ fn server_main(
         }
     };
     let mut srv = Server::new(seg.clone(), opts, store, engine, persist);
+    srv.fallback_reason = fallback_reason.unwrap_or_default();
     if let Err(e) = srv.initial_sync() {
         h.server_state.store(shm::SERVER_STOPPED, Ordering::SeqCst);
         let _ = ready.send(Err(e));
@@ -291,6 +297,9 @@ pub(crate) struct Server {
     errors: u64,
     queue_depth: u64,
     fallbacks: u64,
+    /// Why the CUDA engine is not serving (it could not start under backend auto, or it failed
+    /// and the server fell back to the CPU); empty otherwise.
+    fallback_reason: String,
     started: Instant,
 }
 
@@ -329,6 +338,7 @@ impl Server {
             errors: 0,
             queue_depth: 0,
             fallbacks: 0,
+            fallback_reason: String::new(),
             started: Instant::now(),
         }
     }
@@ -595,6 +605,7 @@ impl Server {
         if self.engine.kind() != EngineKind::Cpu {
             eprintln!("kalos: engine {} failed ({e}); falling back to the CPU engine", self.engine.describe());
             self.fallbacks += 1;
+            self.fallback_reason = format!("the CUDA engine failed while serving: {e}");
             let mut cpu: Box<dyn Engine> = Box::new(CpuEngine::for_server(self.opts.threads as usize, self.opts.server_spin_ns));
             let _ = cpu.sync(&self.store, &[]);
             self.engine = cpu;
@@ -778,6 +789,7 @@ impl Server {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             engine_fallbacks: self.fallbacks,
             engine_name: self.engine.describe(),
+            fallback_reason: self.fallback_reason.clone(),
         };
         let mut w = Writer::new();
         s.encode(&mut w);

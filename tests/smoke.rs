@@ -19,3 +19,25 @@ fn smoke_server_and_client_in_one_process() {
     drop(c);
     s.close();
 }
+
+/// Backend auto on a machine where the CUDA engine cannot start serves from the CPU engine and
+/// says why in stats, so a fallback is seen; an explicit CPU backend has nothing to report.
+#[test]
+fn auto_fallback_reason_is_reported() {
+    let name = format!("smoke-auto-{}", std::process::id());
+    let o = Options { role: Role::Server, dim: 4, backend: Backend::Auto, ..Options::default() };
+    let s = Kalos::open(&name, &o).unwrap();
+    let st = s.stats().unwrap();
+    if kalos::engine::cuda::libraries_present() {
+        eprintln!("SKIP: CUDA libraries are present here; engine {} reason {:?}", st.engine_name, st.fallback_reason);
+    } else {
+        assert_eq!(st.engine, 1, "{st:?}");
+        assert!(st.fallback_reason.contains("CUDA is not available"), "{:?}", st.fallback_reason);
+    }
+    s.close();
+    let name = format!("smoke-cpu-{}", std::process::id());
+    let o = Options { role: Role::Server, dim: 4, backend: Backend::Cpu, ..Options::default() };
+    let s = Kalos::open(&name, &o).unwrap();
+    assert_eq!(s.stats().unwrap().fallback_reason, "");
+    s.close();
+}

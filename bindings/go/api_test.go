@@ -55,7 +55,26 @@ func TestOpenServerAndClientRoundTrip(t *testing.T) {
 	if st.Count != n || st.Dim != dim || st.Metric != MetricIP || st.Engine != BackendCPU || st.EngineName == "" {
 		t.Fatalf("stats %+v", st)
 	}
+	if st.FallbackReason != "" {
+		t.Fatalf("an explicit CPU backend reports a fallback: %q", st.FallbackReason)
+	}
 	auto.Close()
+}
+
+// Backend auto: either the GPU serves, or Stats says why it does not.
+func TestAutoBackendReportsFallbackReason(t *testing.T) {
+	c, err := Open(storeName(t), Options{Role: RoleServer, Dim: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Stats(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Engine != BackendCUDA && st.FallbackReason == "" {
+		t.Fatalf("CPU engine under backend auto without a reason: %+v", st)
+	}
 }
 
 func TestRecallIntoWritesCallerSlices(t *testing.T) {

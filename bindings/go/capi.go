@@ -535,6 +535,7 @@ func cStats(h cHandle) (Stats, Status, string) {
 		PayloadBytes:    uint64(info.payload_bytes),
 		Uptime:          durationMS64(uint64(info.uptime_ms)),
 		EngineFallbacks: uint64(info.engine_fallbacks),
+		FallbackReason:  C.GoString(&info.fallback_reason[0]),
 	}, st, ""
 }
 

@@ -140,6 +140,9 @@ type Stats struct {
 	PayloadBytes    uint64
 	Uptime          time.Duration
 	EngineFallbacks uint64 // times the GPU engine failed and the server fell back to the CPU
+	// FallbackReason says why the CUDA engine is not serving: it could not start under
+	// BackendAuto, or it failed while serving. Empty when nothing fell back.
+	FallbackReason string
 }
 
 // RecallOption changes one recall.

@@ -15,7 +15,7 @@
 //!   a request allocates nothing on the GPU. Buffers grow only in `sync`/`reserve`.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -23,31 +23,23 @@ use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 
+pub mod compile;
+pub mod device;
 mod lt;
+
+use compile::{
+    KernelSpec, BATCH, CHUNK, FILTER_FU, FLAG_EXPIRY, FLAG_RECENCY, KMAX, MODULES, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SCAN, SMEM_MAIN, TABLE,
+};
+pub(crate) use compile::MAX_GPU_DIM;
 
 use super::cpu::CpuEngine;
 use super::{Engine, EngineKind};
 use crate::client::Options;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{DirectOut, Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES, MAX_K};
+use crate::types::{DirectOut, Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES};
 
-/// Kernel sources embedded in the library: (module name, source).
-pub const KERNELS: &[(&str, &str)] = &[("topk", include_str!("../../kernels/topk.cu"))];
-
-const NT: u32 = 256;
-const CHUNK: usize = 4096;
-const KMAX: usize = MAX_K;
-const PARAMS_BYTES: usize = 640;
-/// Dynamic shared memory before the query copy (SMEM_MAIN in the kernel).
-const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
 const NONE_U32: u32 = u32::MAX;
-/// Offset of the kernel's phase timestamps in the output buffer (PROF_OFF in the kernel).
-const PROF_OFF: usize = 8 + KMAX * 12;
-const FLAG_EXPIRY: u32 = 1;
-const FLAG_RECENCY: u32 = 2;
-/// Largest dimension the GPU engine takes (the query must fit in shared memory).
-pub(crate) const MAX_GPU_DIM: usize = 8192;
 /// Bytes of GEMM score tile per batch step; `KALOS_TILE_MB` overrides (tuning). 96 MB beat 24
 /// and 48 MB on the H200 (docs/benchmarks/gpu.md): larger GEMMs run faster than the L2 reuse
 /// of a smaller tile saves.
@@ -59,13 +51,7 @@ const SCORE_TILE_BYTES: usize = 96 << 20;
 const SCORE16_TILE_BYTES: usize = 384 << 20;
 /// Candidate-buffer budget of one batch step.
 const CAND_BYTES: usize = 256 << 20;
-/// 16-byte score loads per thread per step of batch_filter (FU in the kernel; a step is
-/// NT * FU * 4 rows and a block's span of rows a multiple of it). `KALOS_FILTER_FU` (2, 4 or 8)
-/// overrides it for tuning.
-/// FU=2 with two steps in flight (FPD) and 5 blocks per SM (FMINB) beat FU=4 and FU=8 on the
-/// H200 (steady-state filter 1.33 ms against 1.58 and 2.52 for 1024 x 1M f16).
-const FILTER_FU: usize = 2;
-/// Filter steps per cruise segment (no barrier inside; `Params::fseg`, kernels/topk.cu
+/// Filter steps per cruise segment (no barrier inside; `Params::fseg`, kernels/batch.cu
 /// batch_filter_body); `KALOS_FILTER_SEG` sets it (0 or 1: a barrier every step). 16 measured
 /// best: the engine took 3.63 instead of 3.85 ms per 1024 x 1M x 768 f16 batch on the H200.
 /// It was off in the eighth session after intermittent CUDA_ERROR_ILLEGAL_INSTRUCTION in the
@@ -77,9 +63,6 @@ pub const FILTER_SEG: u32 = 16;
 /// smaller blocks, each scanning its rows in one or two rounds of loads and selecting by rank
 /// (64 beat 256 and 32 for 10k x 128 on the H200: GPU round trip 19.7 against 23.2 and 20.8 us).
 const MIN_ROWS: usize = 64;
-/// Largest by-value kernel argument of the single-query kernel (Params + query): the classic
-/// 4 KiB parameter space (ARG_BYTES / BYVAL in the kernel).
-const MAX_ARG_BYTES: usize = 4096;
 /// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
 /// Measured on the H200 machine against the SIMD CPU engine (docs/benchmarks/gpu.md, commit
 /// 771b4ca, client p50 at dim 128): 256 rows CPU 9.8 µs / GPU 27.7 µs, 2048 rows 41.8 / 28.3 µs,
@@ -106,7 +89,7 @@ const GATE_FIRST_MIN: usize = 32768;
 /// Largest k answered from f16 score tiles (their cuts keep up to 2k tied rows per filter block).
 const SCORE16_MAX_K: usize = 256;
 
-/// Request parameters as the kernels read them (`struct Params` in kernels/topk.cu).
+/// Request parameters as the kernels read them (`struct Params` in kernels/common.cuh).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Params {
@@ -131,15 +114,11 @@ struct Params {
 }
 const _: () = assert!(std::mem::size_of::<Params>() <= PARAMS_BYTES);
 
-/// Namespaces the compact single-query argument carries (`NS_INLINE` in kernels/topk.cu).
-const NS_INLINE: usize = 4;
+// Params' head (n .. qscale) is what both by-value arguments start with (`ParamsHead` in
+// kernels/common.cuh, whose size the kernel checks against the same PARAMS_HEAD).
+const _: () = assert!(std::mem::offset_of!(Params, ns) == PARAMS_HEAD);
 
-/// Params' fields before the namespace list (n .. qscale): the head both by-value arguments
-/// start with (`PARAMS_HEAD` in kernels/topk.cu).
-const PARAMS_HEAD: usize = std::mem::offset_of!(Params, ns);
-const _: () = assert!(PARAMS_HEAD == 64);
-
-/// The compact by-value request of `scan_topk_c` (`struct ParamsC` in kernels/topk.cu), which
+/// The compact by-value request of `scan_topk_c` (`struct ParamsC` in kernels/scan.cu), which
 /// the query follows: Params' head, the response address and up to NS_INLINE namespaces, 104
 /// bytes in place of Params' 640. A graph's kernel-node update copies the whole argument, and
 /// on the H200 its size is most of the update's cost (docs/GPU.md).
@@ -334,6 +313,21 @@ pub fn probe() -> Result<(i32, i32, String)> {
     }
     catch_unwind(|| -> Result<(i32, i32, String)> {
         ck("cuInit", unsafe { sys::cuInit(0) }).map_err(|e| Error::new(Status::BackendUnavailable, format!("no usable GPU: {}", e.message)))?;
+        let mut ver = 0;
+        ck("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut ver) })?;
+        if ver < compile::OLDEST_DRIVER {
+            return Err(Error::new(
+                Status::BackendUnavailable,
+                format!(
+                    "the CUDA driver supports CUDA {}.{}; the CUDA engine needs a driver for CUDA {}.{} or newer (CUDA 12 is not supported)",
+                    ver / 1000,
+                    ver % 1000 / 10,
+                    compile::OLDEST_DRIVER / 1000,
+                    compile::OLDEST_DRIVER % 1000 / 10
+                ),
+            ));
+        }
+        compile::check_nvrtc()?;
         let mut n = 0;
         ck("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })
             .map_err(|e| Error::new(Status::BackendUnavailable, e.message))?;
@@ -355,63 +349,6 @@ pub fn probe() -> Result<(i32, i32, String)> {
         Ok((major, minor, name))
     })
     .unwrap_or_else(|_| Err(Error::new(Status::BackendUnavailable, "the CUDA driver library lacks a required function")))
-}
-
-/// NVRTC options for one specialisation of the kernels (also used by the CI compile check).
-pub fn nvrtc_options(arch: &str, dim: usize, dtype: Dtype, metric: Metric) -> Vec<String> {
-    let mut v = vec![
-        format!("--gpu-architecture={arch}"),
-        format!("-DDIM={dim}"),
-        format!("-DDTYPE={}", dtype as u32),
-        format!("-DMETRIC={}", metric as u32),
-        "--std=c++17".into(),
-        "-default-device".into(),
-    ];
-    // Tuning experiments only (e.g. "-DLDNA=1"; several separated by spaces or commas, so
-    // tests/gpu/tune.sh can pass them as one word); never needed in production.
-    if let Ok(extra) = std::env::var("KALOS_NVRTC_EXTRA") {
-        v.extend(extra.split(|c: char| c.is_whitespace() || c == ',').filter(|w| !w.is_empty()).map(String::from));
-    }
-    v
-}
-
-/// Compiles one kernel source with NVRTC to a CUBIN for `arch` (e.g. "sm_90").
-pub fn compile_cubin(name: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> {
-    use cudarc::nvrtc::sys as nv;
-    let csrc = CString::new(src).map_err(|_| Error::new(Status::Internal, "kernel source holds a NUL"))?;
-    let cname = CString::new(format!("{name}.cu")).unwrap();
-    unsafe {
-        let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
-        let r = nv::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null());
-        if r != nv::nvrtcResult::NVRTC_SUCCESS {
-            return Err(Error::new(Status::Cuda, format!("nvrtcCreateProgram({name}): {r:?}")));
-        }
-        let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
-        let popts: Vec<*const std::os::raw::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
-        let r = nv::nvrtcCompileProgram(prog, popts.len() as i32, popts.as_ptr());
-        let mut log_size = 0usize;
-        nv::nvrtcGetProgramLogSize(prog, &mut log_size);
-        let mut log = vec![0u8; log_size.max(1)];
-        nv::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut _);
-        let log = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
-        if r != nv::nvrtcResult::NVRTC_SUCCESS {
-            nv::nvrtcDestroyProgram(&mut prog);
-            return Err(Error::new(Status::Cuda, format!("NVRTC failed to compile {name}.cu ({}): {r:?}\n{log}", opts.join(" "))));
-        }
-        let mut size = 0usize;
-        let r = nv::nvrtcGetCUBINSize(prog, &mut size);
-        if r != nv::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-            nv::nvrtcDestroyProgram(&mut prog);
-            return Err(Error::new(Status::Cuda, format!("nvrtcGetCUBINSize({name}): {r:?}")));
-        }
-        let mut cubin = vec![0u8; size];
-        let r = nv::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _);
-        nv::nvrtcDestroyProgram(&mut prog);
-        if r != nv::nvrtcResult::NVRTC_SUCCESS {
-            return Err(Error::new(Status::Cuda, format!("nvrtcGetCUBIN({name}): {r:?}")));
-        }
-        Ok(cubin)
-    }
 }
 
 fn work_threshold() -> usize {
@@ -529,7 +466,7 @@ fn grow(buf: &mut DevBuf, bytes: usize, what: &str) -> Result<()> {
 
 pub struct CudaEngine {
     _ctx: Arc<CudaContext>,
-    _module: Arc<cudarc::driver::CudaModule>,
+    _modules: Vec<Arc<cudarc::driver::CudaModule>>,
     f_scan: sys::CUfunction,
     /// The by-value single-query kernel (None when params + query exceed 4 KiB).
     f_scan_v: Option<sys::CUfunction>,
@@ -543,7 +480,7 @@ pub struct CudaEngine {
     f_filter_h: sys::CUfunction,
     /// f16 storage: batches with ip / cosine, no recency and k <= 256 score into f16 tiles
     /// (f32 accumulation, output rounded: half the tile traffic of f32 tiles) and stay exact:
-    /// cuts keep ties and the survivors are rescored in f32 (kernels/topk.cu, "Batches").
+    /// cuts keep ties and the survivors are rescored in f32 (kernels/batch.cu, "Batches").
     /// `KALOS_SCORE16=0` turns it off; cleared for good when a batch overflows the f16 range
     /// (that batch is answered again from f32 tiles).
     score16: bool,
@@ -555,7 +492,7 @@ pub struct CudaEngine {
     f_final: sys::CUfunction,
     f_gate_bias: sys::CUfunction,
     f_gate_scan: sys::CUfunction,
-    /// Gated tiles (kernels/topk.cu, "Gated tiles"): f16 batches with no filter score every tile
+    /// Gated tiles (kernels/batch.cu, "Gated tiles"): f16 batches with no filter score every tile
     /// after the first with a cuBLASLt GEMM that zeroes the rows below each query's bound, and
     /// gate_scan collects the rest. `lt` is set up on the first such batch.
     lt: Option<lt::Lt>,
@@ -782,37 +719,41 @@ impl CudaEngine {
         let dim = store.dim();
         let dtype = opts.dtype;
         let metric = store.metric();
-        let esize = if dtype == Dtype::F32 { 4 } else { 2 };
-        let vec = 16 / esize;
-        let dp = align_up(dim, vec);
-        let arch = format!("sm_{}{}", cc.0, cc.1);
-        let (_, src) = KERNELS[0];
-        let mut nvopts = nvrtc_options(&arch, dim, dtype, metric);
-        let prof = std::env::var_os("KALOS_PROF").is_some();
-        if prof {
-            nvopts.push("-DPROF=1".into());
-        }
-        let fu = match std::env::var("KALOS_FILTER_FU").ok().and_then(|v| v.parse::<usize>().ok()) {
-            Some(v @ (2 | 4 | 8)) => v,
-            _ => FILTER_FU,
+        let spec = KernelSpec {
+            arch: format!("sm_{}{}", cc.0, cc.1),
+            dim,
+            dtype,
+            metric,
+            prof: std::env::var_os("KALOS_PROF").is_some(),
         };
-        nvopts.push(format!("-DFU={fu}"));
-        let fstep = NT as usize * fu * 4;
-        let cubin = compile_cubin("topk", src, &nvopts)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(|e| Error::new(Status::Cuda, format!("loading the kernel CUBIN: {e:?}")))?;
-        let getf = |n: &str| -> Result<sys::CUfunction> {
-            let f = module.load_function(n).map_err(|e| Error::new(Status::Cuda, format!("kernel {n}: {e:?}")))?;
+        let prof = spec.prof;
+        let geo = compile::Geometry::of(dim, dtype);
+        let dp = geo.dp;
+        let fstep = NT as usize * FILTER_FU * 4;
+        // The modules compile in parallel (NVRTC is thread-safe): start-up waits for the slowest.
+        let cubins: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = MODULES.iter().map(|m| s.spawn(|| spec.compile(m))).collect();
+            jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::new(Status::Internal, "the kernel compile panicked")))).collect()
+        });
+        let mut modules = Vec::with_capacity(MODULES.len());
+        for (m, cubin) in MODULES.iter().zip(cubins) {
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin?))
+                .map_err(|e| Error::new(Status::Cuda, format!("loading the {}.cu CUBIN: {e:?}", m.name)))?;
+            modules.push(module);
+        }
+        let getf = |m: compile::Module, n: &str| -> Result<sys::CUfunction> {
+            let i = MODULES.iter().position(|x| *x == m).unwrap_or(0);
+            let f = modules[i].load_function(n).map_err(|e| Error::new(Status::Cuda, format!("kernel {n} ({}.cu): {e:?}", m.name)))?;
             Ok(f.cu_function())
         };
-        let f_scan = getf("scan_topk")?;
-        let f_scan_v = if PARAMS_BYTES + dp * 4 <= MAX_ARG_BYTES { Some(getf("scan_topk_v")?) } else { None };
+        let f_scan = getf(SCAN, "scan_topk")?;
+        let f_scan_v = if geo.byval { Some(getf(SCAN, "scan_topk_v")?) } else { None };
         // The compact by-value kernel, for graph mode: opt-in (KALOS_SQ_COMPACT=1) until it has
         // been checked and measured on the GPU (added in the twelfth session, compile-checked
         // only; docs/GPU.md, "Not done").
         let f_scan_c = match f_scan_v {
-            Some(_) if std::env::var("KALOS_SQ_COMPACT").as_deref() == Ok("1") => Some(getf("scan_topk_c")?),
+            Some(_) if std::env::var("KALOS_SQ_COMPACT").as_deref() == Ok("1") => Some(getf(SCAN, "scan_topk_c")?),
             _ => None,
         };
         // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
@@ -824,15 +765,15 @@ impl CudaEngine {
             _ if PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES => SqMode::Copy,
             _ => SqMode::Graph,
         };
-        let f_filter = getf("batch_filter")?;
-        let f_filter_h = getf("batch_filter_h")?;
-        let f_tighten = getf("batch_tighten")?;
-        let f_final = getf("batch_final")?;
-        let f_gate_bias = getf("gate_bias")?;
-        let f_gate_scan = getf("gate_scan")?;
-        let f_scatter = getf("scatter_rows")?;
-        let f_convq = getf("convert_queries")?;
-        let f_checkq = getf("check_queries")?;
+        let f_filter = getf(BATCH, "batch_filter")?;
+        let f_filter_h = getf(BATCH, "batch_filter_h")?;
+        let f_tighten = getf(BATCH, "batch_tighten")?;
+        let f_final = getf(BATCH, "batch_final")?;
+        let f_gate_bias = getf(BATCH, "gate_bias")?;
+        let f_gate_scan = getf(BATCH, "gate_scan")?;
+        let f_scatter = getf(TABLE, "scatter_rows")?;
+        let f_convq = getf(TABLE, "convert_queries")?;
+        let f_checkq = getf(TABLE, "check_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
         let smem_filter = filter_smem(KMAX, fstep);
         for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (f_scan_c, smem_scan), (Some(f_filter), smem_filter), (Some(f_filter_h), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
@@ -868,7 +809,7 @@ impl CudaEngine {
         let tile_mb = std::env::var("KALOS_TILE_MB").ok().and_then(|v| v.parse::<usize>().ok());
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
-            _module: module.clone(),
+            _modules: modules.clone(),
             f_scan,
             f_scan_v,
             f_scan_c,
@@ -910,7 +851,7 @@ impl CudaEngine {
             sms,
             dim,
             dp,
-            esize,
+            esize: if dtype == Dtype::F32 { 4 } else { 2 },
             dtype,
             metric,
             store_cap: store.capacity(),
@@ -1476,11 +1417,11 @@ impl CudaEngine {
     /// Batched search: queries in groups of `nqt`; for each group the table is cut in tiles of
     /// `tile` rows, each tile scored by one GEMM (cuBLAS, f32 accumulation; plain SGEMM for f32
     /// storage) and filtered per query against a running threshold into a bounded candidate
-    /// buffer (kernels/topk.cu, "Batches"); a final kernel selects and sorts each query's top k.
+    /// buffer (kernels/batch.cu, "Batches"); a final kernel selects and sorts each query's top k.
     fn search_batch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         // f16 score tiles where rounding a score is monotone in the key (ip / cosine without
         // recency: the key is the score itself; l2 adds each row's norm, recency each row's
-        // boost) and the tie room of a cut fits (k <= 256; kernels/topk.cu, "Batches").
+        // boost) and the tie room of a cut fits (k <= 256; kernels/batch.cu, "Batches").
         if req.slot.is_some() {
             self.slot_batches += 1;
         }
@@ -1828,7 +1769,7 @@ impl CudaEngine {
         }
     }
 
-    /// One gated tile (kernels/topk.cu, "Gated tiles"): out = max(0, queries · rows + bias) in
+    /// One gated tile (kernels/batch.cu, "Gated tiles"): out = max(0, queries · rows + bias) in
     /// f16, align_up(m, 8) scores a row, on `stream`; `tune`: a full tile (its shape's
     /// algorithms are timed the first time).
     #[allow(clippy::too_many_arguments)]

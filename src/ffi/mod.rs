@@ -282,6 +282,23 @@ pub struct kalos_stats_info {
     pub engine_fallbacks: u64,
     /// NUL-terminated engine description, e.g. "cpu-avx2-x2".
     pub engine_name: [c_char; 48],
+    /// NUL-terminated reason the CUDA engine is not serving (it could not start under
+    /// `KALOS_BACKEND_AUTO`, or it failed while serving); "" when nothing fell back. Cut at 255
+    /// bytes.
+    pub fallback_reason: [c_char; 256],
+}
+
+/// Bytes of the first `kalos_stats_info` layout (up to `engine_name`): callers built against it
+/// pass this `struct_size` and get every field they know.
+const STATS_V1_BYTES: usize = std::mem::offset_of!(kalos_stats_info, fallback_reason);
+
+/// `s` as a NUL-terminated C string cut to fit `N` bytes.
+fn c_text<const N: usize>(s: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (d, b) in out.iter_mut().zip(s.bytes().take(N - 1)) {
+        *d = b as c_char;
+    }
+    out
 }
 
 fn null(what: &str) -> Error {
@@ -1005,7 +1022,8 @@ pub unsafe extern "C" fn kalos_get(
 }
 
 /// Fills `*out` with the server's statistics. Set `out->struct_size = sizeof(kalos_stats_info)`
-/// first.
+/// first; a caller built against an older, shorter `kalos_stats_info` gets the fields it knows
+/// (only `struct_size` bytes are written).
 ///
 /// # Safety
 /// `out` writable for `out->struct_size` bytes.
@@ -1019,16 +1037,13 @@ pub unsafe extern "C" fn kalos_stats(h: *const kalos_handle, out: *mut kalos_sta
         }
         // SAFETY: out non-NULL; struct_size is its first field.
         let size = unsafe { (*out).struct_size } as usize;
-        if size < std::mem::size_of::<kalos_stats_info>() {
+        if size < STATS_V1_BYTES {
             return Err(Error::new(Status::InvalidArgument, format!("out->struct_size = {size}; set it to sizeof(kalos_stats_info)")));
         }
         let s = h.stats()?;
-        let mut name = [0 as c_char; 48];
-        for (d, b) in name.iter_mut().zip(s.engine_name.bytes().take(47)) {
-            *d = b as c_char;
-        }
+        let full = std::mem::size_of::<kalos_stats_info>();
         let info = kalos_stats_info {
-            struct_size: std::mem::size_of::<kalos_stats_info>() as u32,
+            struct_size: size.min(full) as u32,
             engine: s.engine as u32,
             count: s.count,
             capacity: s.capacity,
@@ -1048,10 +1063,12 @@ pub unsafe extern "C" fn kalos_stats(h: *const kalos_handle, out: *mut kalos_sta
             payload_bytes: s.payload_bytes,
             uptime_ms: s.uptime_ms,
             engine_fallbacks: s.engine_fallbacks,
-            engine_name: name,
+            engine_name: c_text(&s.engine_name),
+            fallback_reason: c_text(&s.fallback_reason),
         };
-        // SAFETY: out is writable for at least sizeof(kalos_stats_info) (checked above).
-        unsafe { out.write(info) };
+        // SAFETY: out is writable for `size` bytes (the caller's contract) and at least
+        // STATS_V1_BYTES (checked above); we copy the first min(size, full) bytes of info.
+        unsafe { std::ptr::copy_nonoverlapping(&info as *const kalos_stats_info as *const u8, out as *mut u8, size.min(full)) };
         Ok(())
     })
 }

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,16 @@ static void test_multiprocess(void) {
     CHECK(info.count == NROWS, "stats count %llu", (unsigned long long)info.count);
     CHECK(info.queries >= NCHILD * (NQ + 4), "stats queries %llu", (unsigned long long)info.queries);
     CHECK(info.dim == DIM, "stats dim");
+    CHECK(info.fallback_reason[sizeof info.fallback_reason - 1] == '\0', "fallback_reason is NUL-terminated");
+    /* A caller built against the first, shorter kalos_stats_info (up to engine_name) gets the
+       fields it knows, and nothing past its struct_size is written. */
+    memset(&info, 0x5a, sizeof info);
+    info.struct_size = (uint32_t)offsetof(kalos_stats_info, fallback_reason);
+    CHECK_STATUS(kalos_stats(srv, &info), KALOS_OK);
+    CHECK(info.count == NROWS && info.struct_size == offsetof(kalos_stats_info, fallback_reason), "stats with the old struct_size");
+    CHECK((unsigned char)info.fallback_reason[0] == 0x5a, "nothing written past the caller's struct_size");
+    info.struct_size = (uint32_t)offsetof(kalos_stats_info, engine_name);
+    CHECK_STATUS(kalos_stats(srv, &info), KALOS_INVALID_ARGUMENT);
     kalos_close(srv);
     free(table);
     free(ids);

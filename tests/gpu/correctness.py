@@ -436,7 +436,7 @@ def engine_report(st):
 
 
 def suite_gated(n=400_000, dim=96, nq=1024):
-    """Gated tiles (kernels/topk.cu, "Gated tiles"): a 1024-query batch on an f16 ip table of
+    """Gated tiles (kernels/batch.cu, "Gated tiles"): a 1024-query batch on an f16 ip table of
     several score tiles, with no filter, scores every tile after the first with a cuBLASLt GEMM
     whose epilogue zeroes the rows below each query's bound, and collects the rest. It must give
     the float64 ranking of the stored table (queries exact in f16, as the GEMM takes them) for k
@@ -569,7 +569,7 @@ def suite_gated(n=400_000, dim=96, nq=1024):
 
 
 def suite_cruise(n=300_000, dim=64):
-    """The batch filter's cruise segments (kernels/topk.cu, batch_filter_body: several steps with
+    """The batch filter's cruise segments (kernels/batch.cu, batch_filter_body: several steps with
     no barrier once a query's bound is known). Rows whose scores rise strictly along the table
     make nearly every row pass the bound, so a segment's survivors outgrow its free slots and it
     is redone step by step; scores falling along the table make every segment reject all rows.
@@ -638,6 +638,7 @@ a = st.recall(X[3], 5)
 b = st.recall(X[3], 5)
 s = st.stats()
 print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]))
+print("REASON", s.fallback_reason.decode())
 st.close()
 ''' % os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, KALOS_CUDA_FAULT_AFTER="1")
@@ -645,6 +646,14 @@ st.close()
     line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
     ok = bool(line) and line[0].split()[1] == "1" and line[0].split()[2] == "1" and line[0].split()[4] == line[0].split()[5]
     record("fault/cpu-fallback", ok, out=r.stdout[-500:], err=r.stderr[-800:])
+    reason = [l for l in r.stdout.splitlines() if l.startswith("REASON")]
+    record("fault/fallback-reason", bool(reason) and "injected fault" in reason[0], out=r.stdout[-500:])
+    # A GPU engine that cannot start under auto (dimension beyond the kernels' limit): the CPU
+    # serves and stats say why.
+    st = open_store(9000, IP, backend=AUTO, capacity=1024)
+    s = st.stats()
+    record("auto/fallback-reason", s.engine == 1 and b"dim <= 8192" in s.fallback_reason, reason=s.fallback_reason.decode())
+    st.close()
     # Auto: tiny table answered on the CPU, large on the GPU; KALOS_BACKEND=cpu forces the CPU.
     st = open_store(64, IP, backend=AUTO)
     X = rng.standard_normal((100, 64)).astype(np.float32)

@@ -52,7 +52,7 @@ class StatsInfo(C.Structure):
         ("requests", C.c_uint64), ("queries", C.c_uint64), ("batches", C.c_uint64), ("errors", C.c_uint64),
         ("p50_ns", C.c_uint64), ("p99_ns", C.c_uint64), ("queue_depth", C.c_uint64), ("server_pid", C.c_uint64),
         ("epoch", C.c_uint64), ("payload_bytes", C.c_uint64), ("uptime_ms", C.c_uint64),
-        ("engine_fallbacks", C.c_uint64), ("engine_name", C.c_char * 48),
+        ("engine_fallbacks", C.c_uint64), ("engine_name", C.c_char * 48), ("fallback_reason", C.c_char * 256),
     ]
 
 

@@ -3,8 +3,12 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [correctness|probe|breakdown|bench|harness]...   (default: all but
+# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness]...   (default: all but
 # breakdown). Logs go to $OUT.
+# compact: the single-query compact argument (KALOS_SQ_COMPACT=1) against the default, 10k x 128
+# f32 alternated three times each, and the small correctness suite with it on.
+# doctor: kalosd doctor, a compile of every kernel variant with the machine's own NVRTC
+# (kalosd doctor --compile), and kalosd serve --backend cuda answering a recall.
 # probe: gpu_probe (examples/gpu_probe.rs), the batch engine in-process under the settings in
 # $PROBE_SETTINGS (pipe:gemm_sms:score16), each checked against the first.
 set -u
@@ -15,7 +19,7 @@ export KALOS_LIB="$HERE/libkalos.so" KALOS_LIBRARY="$HERE/libkalos.so"
 export PYTHONPATH="$HERE/python${PYTHONPATH:+:$PYTHONPATH}"   # the kalos package (stage.sh)
 export KALOS_COMMIT="$(cat "$HERE/COMMIT" 2>/dev/null | tr '\n' ' ')"
 export KALOS_CUDA_REPORT=1
-WHAT="${*:-correctness probe bench harness}"
+WHAT="${*:-doctor correctness probe bench harness}"
 cd "$HERE"
 {
   date -u; uname -a
@@ -25,11 +29,41 @@ cd "$HERE"
 } > "$OUT/env.txt" 2>&1
 head -3 "$OUT/env.txt"
 RC=0
-C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"
+D_RES="not run"; C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"
+if [[ " $WHAT " == *" doctor "* ]]; then
+  ./kalosd doctor --compile > "$OUT/doctor.log" 2>&1; r=$?
+  grep -vE "^FAIL|^ " "$OUT/doctor.log" | head -12
+  grep -A12 "^FAIL" "$OUT/doctor.log" | head -40
+  # A standalone server on the GPU, and a client recalling from it.
+  name="doctor-$$"
+  ./kalosd serve --name "$name" --dim 128 --backend cuda --synthetic 20000 > "$OUT/serve.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do grep -q "serving" "$OUT/serve.log" && break; sleep 0.1; done
+  python3 -c "
+import sys, numpy as np, kalos
+with kalos.open('$name', role='client') as k:
+    s = k.stats(); ids, scores = k.recall(np.random.default_rng().standard_normal(128).astype(np.float32), k=5)
+    print('serve --backend cuda: engine', s['engine_name'], 'fallback', repr(s['fallback_reason']), 'hits', len(ids))
+    sys.exit(0 if s['engine'] == 'cuda' and len(ids) == 5 else 1)
+" 2>&1 | tee -a "$OUT/serve.log"; r2=${PIPESTATUS[0]}
+  kill -TERM $spid 2>/dev/null; wait $spid
+  head -3 "$OUT/serve.log"
+  D_RES="compile rc=$r ($(grep -o '[0-9]* of [0-9]* variants compiled' "$OUT/doctor.log")), serve rc=$r2"
+  { [ $r -ne 0 ] || [ $r2 -ne 0 ]; } && RC=1
+fi
 if [[ " $WHAT " == *" correctness "* ]]; then
   timeout ${T_CORR:-480} python3 correctness.py ${CORRECTNESS_SUITES:-} > "$OUT/correctness.log" 2>&1; r=$?
   grep -E "^(FAIL|INFO|suite|CORRECTNESS)" "$OUT/correctness.log" | cut -c1-400 | tail -40
   C_RES="$(grep '^CORRECTNESS' "$OUT/correctness.log" || echo "crashed/timed out rc=$r")"; [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" compact "* ]]; then
+  mkdir -p "$OUT/compact"
+  for c in 0 1 0 1 0 1; do
+    KALOS_SQ_COMPACT=$c BENCH_NO_TORCH=1 BENCH_ONLY="10k x 128 f32" OUT="$OUT/compact" timeout 60 python3 bench.py 2>&1 \
+      | grep -E "^10k x 128 f32 +kalos" | sed "s/^/KALOS_SQ_COMPACT=$c /" | cut -c1-140 | tee -a "$OUT/compact.log"
+  done
+  KALOS_SQ_COMPACT=1 OUT="$OUT/compact" timeout 200 python3 correctness.py small mid > "$OUT/compact_correctness.log" 2>&1
+  grep -E "^(FAIL|CORRECTNESS)" "$OUT/compact_correctness.log" | sed "s/^/KALOS_SQ_COMPACT=1 /" | cut -c1-300 | tail -10
 fi
 if [[ " $WHAT " == *" probe "* ]] && [ -x ./gpu_probe ]; then
   timeout ${T_PROBE:-150} ./gpu_probe ${PROBE_ARGS:-1000000 768 f16 1024} ${PROBE_SETTINGS:-0:0:0 0:0:1 1:0:1 1:0:0} > "$OUT/probe.log" 2>&1; r=$?
@@ -63,6 +97,7 @@ if [[ " $WHAT " == *" harness "* ]]; then
   fi
 fi
 echo "== summary =="
+echo "doctor:      $D_RES"
 echo "correctness: $C_RES"
 echo "probe:       $P_RES"
 echo "bench:       $B_RES"

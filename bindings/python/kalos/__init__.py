@@ -765,7 +765,8 @@ class Kalos:
         """Server statistics as a dict (``count``, ``capacity``, ``dim``, ``metric``, ``engine``,
         ``engine_name``, ``requests``, ``queries``, ``batches``, ``errors``, ``p50_ns``,
         ``p99_ns``, ``queue_depth``, ``server_pid``, ``epoch``, ``payload_bytes``,
-        ``uptime_ms``, ``engine_fallbacks``, ...)."""
+        ``uptime_ms``, ``engine_fallbacks``, ``fallback_reason``: why the CUDA engine is not serving, "" when
+        nothing fell back, ...)."""
         info = _ffi.kalos_stats_info()
         info.struct_size = ctypes.sizeof(info)
         h = self._enter()
@@ -781,6 +782,7 @@ class Kalos:
                 continue
             out[fname] = getattr(info, fname)
         out["engine_name"] = info.engine_name.decode("utf-8", "replace")
+        out["fallback_reason"] = info.fallback_reason.decode("utf-8", "replace")
         out["engine"] = _BACKEND_NAMES.get(info.engine, str(info.engine))
         out["metric"] = _METRIC_NAMES.get(info.metric, str(info.metric))
         out["dtype"] = _DTYPE_NAMES.get(info.dtype, str(info.dtype))

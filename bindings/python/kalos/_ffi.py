@@ -197,6 +197,7 @@ class kalos_stats_info(Structure):
         ("uptime_ms", c_uint64),
         ("engine_fallbacks", c_uint64),
         ("engine_name", c_char * 48),
+        ("fallback_reason", c_char * 256),
     ]
 
 

@@ -226,6 +226,8 @@ def test_stats(kv):
     s = kv.stats()
     assert s["count"] == 2 and s["dim"] == 16 and s["metric"] == "cosine" and s["dtype"] == "f32"
     assert s["engine"] in ("cpu", "cuda") and s["engine_name"]
+    # Backend auto: either the GPU serves, or stats say why it does not.
+    assert s["engine"] == "cuda" or s["fallback_reason"], s
     assert s["requests"] >= 2 and s["queries"] >= 1 and s["capacity"] == 1 << 20
     import os
 

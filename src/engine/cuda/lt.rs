@@ -1,4 +1,4 @@
-//! cuBLASLt for gated batch tiles (kernels/topk.cu, "Gated tiles"): one GEMM per score tile
+//! cuBLASLt for gated batch tiles (kernels/batch.cu, "Gated tiles"): one GEMM per score tile
 //! whose epilogue adds a per-query bias and clamps at zero (RELU_BIAS), so that a tile is zero
 //! wherever a row can no longer enter its query's top k and the filter becomes a scan for
 //! nonzero halves. The library is looked up on first use, every symbol before any call (cudarc

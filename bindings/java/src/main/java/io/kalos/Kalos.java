@@ -454,14 +454,14 @@ public final class Kalos implements AutoCloseable {
     /** The server's statistics. */
     public Stats stats() {
         long[] v = new long[Stats.N];
-        String engine;
+        String[] names;
         long h = acquire();
         try {
-            engine = Native.stats(h, v);
+            names = Native.stats(h, v);
         } finally {
             release();
         }
-        return new Stats(v, engine);
+        return new Stats(v, names[0], names[1]);
     }
 
     /**

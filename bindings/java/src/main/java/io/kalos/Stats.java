@@ -24,11 +24,16 @@ public final class Stats {
     public final long engineFallbacks;
     /** Engine description, e.g. "cpu-avx2-x2". */
     public final String engineName;
+    /**
+     * Why the CUDA engine is not serving: it could not start under backend auto, or it failed while
+     * serving. Empty when nothing fell back.
+     */
+    public final String fallbackReason;
 
     /** Number of counters {@code Native.stats} fills. */
     static final int N = 18;
 
-    Stats(long[] v, String engineName) {
+    Stats(long[] v, String engineName, String fallbackReason) {
         count = v[0];
         capacity = v[1];
         dim = v[2];
@@ -48,11 +53,13 @@ public final class Stats {
         uptimeMs = v[16];
         engineFallbacks = v[17];
         this.engineName = engineName;
+        this.fallbackReason = fallbackReason;
     }
 
     @Override
     public String toString() {
         return "Stats{count=" + count + ", capacity=" + capacity + ", dim=" + dim + ", engine=" + engineName
+                + (fallbackReason.isEmpty() ? "" : ", fallbackReason=" + fallbackReason)
                 + ", requests=" + requests + ", queries=" + queries + ", batches=" + batches + ", errors=" + errors
                 + ", p50Ns=" + p50Ns + ", p99Ns=" + p99Ns + ", serverPid=" + serverPid + "}";
     }

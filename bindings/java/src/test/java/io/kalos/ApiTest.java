@@ -19,6 +19,15 @@ class ApiTest {
     static final int DIM = 16;
 
     @Test
+    void autoBackendReportsWhyTheGpuIsNotServing() {
+        KalosOptions o = KalosOptions.builder().role(KalosOptions.Role.SERVER).dim(8).capacity(1000).build();
+        try (Kalos k = Kalos.open(uniqueName("auto"), o)) {
+            Stats s = k.stats();
+            assertTrue(s.engine == 2 || !s.fallbackReason.isEmpty(), s.toString());
+        }
+    }
+
+    @Test
     void versionAndStatusNames() {
         assertFalse(Kalos.version().isEmpty());
         for (KalosException.Status s : KalosException.Status.values()) {
@@ -245,6 +254,7 @@ class ApiTest {
                 assertEquals(2, s.count);
                 assertEquals(ProcessHandle.current().pid(), s.serverPid);
                 assertFalse(s.engineName.isEmpty());
+                assertEquals("", s.fallbackReason, "an explicit CPU backend has no fallback");
             }
             assertEquals(6, srv.recall(new float[] {0, 0, 1, 0}, 1).id(0));
             // Role AUTO attaches to the live server.

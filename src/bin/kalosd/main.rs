@@ -7,6 +7,8 @@ use std::time::Duration;
 use kalos::npy::{self, NpyData};
 use kalos::*;
 
+mod doctor;
+
 const HELP: &str = "\
 kalosd: serve a Kalos memory store over POSIX shared memory.
 
@@ -20,6 +22,12 @@ USAGE:
                 [--payloads P.jsonl] [--dtype f32|f16]
                                                write every memory of a stopped store's data dir
   kalosd repair --data-dir DIR                 recover what is intact after corruption
+  kalosd doctor [--compile] [--arch sm_XX]...  what this machine offers: driver, CUDA version,
+                                               NVRTC (version and path), GPUs, /dev/shm space;
+                                               --compile also compiles every kernel variant the
+                                               engine can request (sm_80, sm_90 and the GPU's
+                                               own, or each --arch) and exits 0 only when all
+                                               compiled; needs NVRTC, no GPU
   kalosd --help                                this text
 
 SERVE OPTIONS:
@@ -245,6 +253,9 @@ fn serve(a: &Args) {
     }
     let s = k.stats().unwrap_or_else(|e| fail(e));
     println!("kalosd: serving {name:?} dim={dim} metric={} count={} engine={} pid={}", o.metric.name(), s.count, s.engine_name, std::process::id());
+    if !s.fallback_reason.is_empty() {
+        eprintln!("kalosd: serving from the CPU engine: {}", s.fallback_reason);
+    }
     let mut ticks = 0u64;
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
@@ -283,6 +294,7 @@ fn main() {
         "import" => import(&a),
         "export" => export(&a),
         "repair" => repair(&a),
+        "doctor" => std::process::exit(doctor::run(&a.v)),
         c => usage(&format!("unknown command {c:?}")),
     }
 }
