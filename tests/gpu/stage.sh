@@ -4,18 +4,19 @@
 # Then, on the device:  bash .gpu/run.sh [correctness|bench|harness]...   or  bash .gpu/tune.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+T="${CARGO_TARGET_DIR:-target}"
 cargo build --release
 cargo build --release --example gpu_probe
 mkdir -p tests/c/build
-gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -Ltarget/release -lkalos \
+gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -L$T/release -lkalos \
   -Wl,-rpath,'$ORIGIN' -lm -o tests/c/build/harness_gpu
-gcc -O2 -Iinclude examples/python/bench_recall.c -Ltarget/release -lkalos -Wl,-rpath,'$ORIGIN' \
+gcc -O2 -Iinclude examples/python/bench_recall.c -L$T/release -lkalos -Wl,-rpath,'$ORIGIN' \
   -o tests/c/build/bench_recall_gpu
 rm -rf .gpu && mkdir -p .gpu/python
-cp target/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh tests/gpu/*.cu .gpu/
+cp $T/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh tests/gpu/*.cu .gpu/
 cp tests/c/build/harness_gpu .gpu/c_harness
 cp tests/c/build/bench_recall_gpu .gpu/bench_recall
-cp target/release/kalosd target/release/examples/gpu_probe .gpu/
+cp $T/release/kalosd $T/release/examples/gpu_probe .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > .gpu/COMMIT
