@@ -1,0 +1,183 @@
+//! Offline tools on a data directory that no server holds: read its shape, repair it.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::dir::{fsync_dir, io_err, list_dir, lock_dir, snap_name, wal_name};
+use super::record::{FileHeader, Kind, HEADER_BYTES, REC_HEADER};
+use super::snapshot::{load_snapshot, write_snapshot};
+use super::wal::{apply_record, record_at, scan_log};
+use crate::error::{Error, Result, Status};
+use crate::store::Store;
+use crate::types::{now_unix_ms, Metric};
+
+/// Reads `(dim, metric)` from the newest snapshot or log header in `dir`.
+pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let l = list_dir(dir)?;
+    let mut cands: Vec<(PathBuf, Kind)> = Vec::new();
+    for &g in l.snaps.iter().rev() {
+        cands.push((dir.join(snap_name(g)), Kind::Snap));
+    }
+    for &g in l.wals.iter().rev() {
+        cands.push((dir.join(wal_name(g)), Kind::Wal));
+    }
+    for (p, k) in cands {
+        let b = match fs::read(&p) {
+            Ok(b) => b,
+            Err(_) => continue,
+        };
+        let head = &b[..b.len().min(HEADER_BYTES)];
+        if let Ok(h) = FileHeader::decode(&p, head, k) {
+            return Ok(Some((h.dim as usize, Metric::from_u32(h.metric)?)));
+        }
+    }
+    Ok(None)
+}
+
+/// Counts the intact records (any sequence number) from `from` on, skipping damage.
+fn count_records(b: &[u8], from: usize) -> u64 {
+    let mut n = 0u64;
+    let mut p = from;
+    while p + REC_HEADER < b.len() {
+        if let Some((_, e)) = record_at(b, p, 0) {
+            n += 1;
+            p = e;
+        } else {
+            p += 1;
+        }
+    }
+    n
+}
+
+/// What [`repair`] did.
+#[derive(Debug, Clone, Default)]
+pub struct RepairReport {
+    pub rows: u64,
+    pub snapshot_rows: u64,
+    pub records_replayed: u64,
+    /// Intact records after the first damage that were NOT applied (kept in the backup).
+    pub records_after_damage: u64,
+    /// Human-readable findings, one per problem.
+    pub notes: Vec<String>,
+    /// Where the original files were moved (None when nothing needed repair).
+    pub backup: Option<PathBuf>,
+}
+
+/// Recovers everything intact from `dir` (which must not be in use): the intact blocks of the
+/// newest snapshot, then the log's records up to the first damage (a consistent point in time:
+/// later records are not applied because they may depend on the damaged one). The original
+/// files are moved to `dir/repair-<unix ms>/` (nothing is deleted), and a fresh snapshot of the
+/// recovered state is written as the next generation. When the directory is healthy, repair
+/// changes nothing.
+pub fn repair(dir: &Path) -> Result<RepairReport> {
+    let Some((dim, metric)) = dir_shape(dir)? else {
+        return Err(Error::new(Status::NotFound, format!("{} holds no readable snapshot or log header", dir.display())));
+    };
+    let lock = lock_dir(dir)?;
+    let l = list_dir(dir)?;
+    let mut store = Store::new(dim, metric, u32::MAX as usize, u32::MAX as usize);
+    let mut rep = RepairReport::default();
+    let gen = l.snaps.last().copied().unwrap_or(0);
+    // Sequence number the log must start at (None: unknown, the snapshot header was damaged).
+    let mut seq = Some(0u64);
+    let mut damaged = false;
+    if l.snaps.contains(&gen) {
+        let p = dir.join(snap_name(gen));
+        let (h, rows, _, notes) = load_snapshot(&p, Some((dim as u32, metric as u32)), &mut store, true)?;
+        seq = if h.seq == u64::MAX { None } else { Some(h.seq) };
+        rep.snapshot_rows = rows;
+        damaged |= !notes.is_empty();
+        rep.notes.extend(notes);
+    }
+    // The log chain, in order, up to the first damage (a consistent point in time).
+    let chain: Vec<u64> = l.wals.iter().copied().filter(|&g| g >= gen).collect();
+    let mut stopped = false;
+    for (i, &g) in chain.iter().enumerate() {
+        let wal_path = dir.join(wal_name(g));
+        let b = fs::read(&wal_path).map_err(|e| io_err("read", &wal_path, e))?;
+        if !stopped && g != gen + i as u64 {
+            damaged = true;
+            stopped = true;
+            rep.notes.push(format!("{}: log {} is missing; the logs after it are not applied", dir.display(), wal_name(gen + i as u64)));
+        }
+        if stopped {
+            rep.records_after_damage += count_records(&b, HEADER_BYTES);
+            continue;
+        }
+        let first = match FileHeader::decode(&wal_path, &b, Kind::Wal) {
+            Ok(h) if seq.map_or(true, |x| x == h.seq) => Some(h.seq),
+            Ok(h) => {
+                damaged = true;
+                rep.notes.push(format!("{}: starts at sequence {} but {} was expected; not applied", wal_path.display(), h.seq, seq.unwrap_or(0)));
+                None
+            }
+            Err(e) => {
+                damaged = true;
+                rep.notes.push(format!(
+                    "log header unreadable ({e}); {}",
+                    if seq.is_some() { "its records are read from the expected sequence number" } else { "the log is not applied" }
+                ));
+                seq
+            }
+        };
+        let Some(first) = first else {
+            stopped = true;
+            rep.records_after_damage += count_records(&b, HEADER_BYTES);
+            continue;
+        };
+        let s = scan_log(&b, first);
+        for &(st, en) in &s.records {
+            apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
+        }
+        rep.records_replayed += s.records.len() as u64;
+        seq = Some(first + s.records.len() as u64);
+        if let Some((off, later)) = s.damage {
+            damaged = true;
+            stopped = true;
+            // Intact records after the damage are counted, not applied (kept in the backup).
+            let n = count_records(&b, off + 1);
+            rep.records_after_damage += n;
+            rep.notes.push(format!(
+                "{}: damage at offset {off} ({}); kept {} records before it, {} intact records after it were not applied; {} bytes not applied",
+                wal_path.display(),
+                if later { "middle of the log" } else { "torn tail" },
+                s.records.len(),
+                n,
+                b.len() - off
+            ));
+        }
+    }
+    rep.rows = store.len() as u64;
+    if !damaged {
+        rep.notes.push("no damage found; nothing changed".into());
+        return Ok(rep);
+    }
+    // Move every snapshot/log aside, then write the recovered state as a new generation.
+    let backup = dir.join(format!("repair-{}", now_unix_ms()));
+    fs::create_dir_all(&backup).map_err(|e| io_err("create", &backup, e))?;
+    let newest = l.snaps.iter().chain(l.wals.iter()).copied().max().unwrap_or(0);
+    for &g in &l.snaps {
+        let n = snap_name(g);
+        fs::rename(dir.join(&n), backup.join(&n)).map_err(|e| io_err("move", &dir.join(&n), e))?;
+    }
+    for &g in &l.wals {
+        let n = wal_name(g);
+        fs::rename(dir.join(&n), backup.join(&n)).map_err(|e| io_err("move", &dir.join(&n), e))?;
+    }
+    fsync_dir(&backup)?;
+    let g = newest + 1;
+    let next_seq = seq.unwrap_or(0);
+    let wal_path = dir.join(wal_name(g));
+    let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: g, seq: next_seq };
+    let mut w = File::create(&wal_path).map_err(|e| io_err("create", &wal_path, e))?;
+    w.write_all(&hdr.encode()).map_err(|e| io_err("write", &wal_path, e))?;
+    w.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
+    write_snapshot(dir, g, next_seq, &store)?;
+    rep.backup = Some(backup);
+    drop(lock);
+    Ok(rep)
+}
