@@ -256,9 +256,8 @@ struct ArgC {
     float q[DP];
 };
 
-// Params + query as the kernel's by-value argument: no copy node, no dependent global load.
-// (scan_topk_c repeats this preamble for the compact argument; this one stays as it was checked
-// on the H200 until the compact path has run on a GPU, then the two can share it.)
+// Params + query as the kernel's by-value argument: no copy node, no dependent global load. Takes
+// the requests whose filter holds more namespaces than the compact argument (scan_topk_c) can.
 extern "C" __global__ void __launch_bounds__(NT) scan_topk_v(const Arg a, Table T, u32* cand_key, u32* cand_row,
                                                              u32* ctl, unsigned char* out) {
     extern __shared__ __align__(16) unsigned char smem[];

@@ -749,13 +749,10 @@ impl CudaEngine {
         };
         let f_scan = getf(SCAN, "scan_topk")?;
         let f_scan_v = if geo.byval { Some(getf(SCAN, "scan_topk_v")?) } else { None };
-        // The compact by-value kernel, for graph mode: opt-in (KALOS_SQ_COMPACT=1) until it has
-        // been checked and measured on the GPU (added in the twelfth session, compile-checked
-        // only; docs/GPU.md, "Not done").
-        let f_scan_c = match f_scan_v {
-            Some(_) if std::env::var("KALOS_SQ_COMPACT").as_deref() == Ok("1") => Some(getf(SCAN, "scan_topk_c")?),
-            _ => None,
-        };
+        // Graph mode sends requests filtered by at most NS_INLINE namespaces with the compact
+        // argument (104 bytes in place of 640): on the H200 at 10k x 128 f32 its server p50 was
+        // 14.6-14.7 us against 14.8-16.1 with the full argument (docs/BENCHMARKS.md).
+        let f_scan_c = f_scan_v.map(|_| getf(SCAN, "scan_topk_c")).transpose()?;
         // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
         // round trip was 1.3-2.9 us shorter on the H200 (three runs); at 128 dims they tie.
         let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {

@@ -5,8 +5,6 @@
 # (the multi-process C harness from tests/c/).
 # Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness]...   (default: all but
 # breakdown). Logs go to $OUT.
-# compact: the single-query compact argument (KALOS_SQ_COMPACT=1) against the default, 10k x 128
-# f32 alternated three times each, and the small correctness suite with it on.
 # doctor: kalosd doctor, a compile of every kernel variant with the machine's own NVRTC
 # (kalosd doctor --compile), and kalosd serve --backend cuda answering a recall.
 # probe: gpu_probe (examples/gpu_probe.rs), the batch engine in-process under the settings in
@@ -55,15 +53,6 @@ if [[ " $WHAT " == *" correctness "* ]]; then
   timeout ${T_CORR:-480} python3 correctness.py ${CORRECTNESS_SUITES:-} > "$OUT/correctness.log" 2>&1; r=$?
   grep -E "^(FAIL|INFO|suite|CORRECTNESS)" "$OUT/correctness.log" | cut -c1-400 | tail -40
   C_RES="$(grep '^CORRECTNESS' "$OUT/correctness.log" || echo "crashed/timed out rc=$r")"; [ $r -ne 0 ] && RC=1
-fi
-if [[ " $WHAT " == *" compact "* ]]; then
-  mkdir -p "$OUT/compact"
-  for c in 0 1 0 1 0 1; do
-    KALOS_SQ_COMPACT=$c BENCH_NO_TORCH=1 BENCH_ONLY="10k x 128 f32" OUT="$OUT/compact" timeout 60 python3 bench.py 2>&1 \
-      | grep -E "^10k x 128 f32 +kalos" | sed "s/^/KALOS_SQ_COMPACT=$c /" | cut -c1-140 | tee -a "$OUT/compact.log"
-  done
-  KALOS_SQ_COMPACT=1 OUT="$OUT/compact" timeout 200 python3 correctness.py small mid > "$OUT/compact_correctness.log" 2>&1
-  grep -E "^(FAIL|CORRECTNESS)" "$OUT/compact_correctness.log" | sed "s/^/KALOS_SQ_COMPACT=1 /" | cut -c1-300 | tail -10
 fi
 if [[ " $WHAT " == *" probe "* ]] && [ -x ./gpu_probe ]; then
   timeout ${T_PROBE:-150} ./gpu_probe ${PROBE_ARGS:-1000000 768 f16 1024} ${PROBE_SETTINGS:-0:0:0 0:0:1 1:0:1 1:0:0} > "$OUT/probe.log" 2>&1; r=$?
