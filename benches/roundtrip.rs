@@ -204,7 +204,14 @@ fn build_store(vecs: &[f32], dim: usize) -> Store {
     let mut st = Store::new(dim, Metric::InnerProduct, n, 0);
     for c0 in (0..n).step_by(4096) {
         let items: Vec<UpsertItem<'_>> = (c0..(c0 + 4096).min(n))
-            .map(|i| UpsertItem { id: i as u64, namespace: 0, vector: &vecs[i * dim..(i + 1) * dim], payload: None, created_ms: 0, expires_ms: NEVER })
+            .map(|i| UpsertItem {
+                id: i as u64,
+                namespace: 0,
+                vector: &vecs[i * dim..(i + 1) * dim],
+                payload: None,
+                created_ms: 0,
+                expires_ms: NEVER,
+            })
             .collect();
         st.apply_upsert(&items);
     }
@@ -219,7 +226,16 @@ fn scan_times(e: &mut CpuEngine, st: &Store, qs: &[f32], nq: usize, iters: usize
     let mut lat = Vec::with_capacity(iters);
     for i in 0..iters + 3 {
         let q0 = (i * nq) % (NQ - nq + 1);
-        let req = SearchRequest { queries: &qs[q0 * dim..(q0 + nq) * dim], nq, k: K, filter: &f, recency: None, now_ms: 0, direct: None, slot: None };
+        let req = SearchRequest {
+            queries: &qs[q0 * dim..(q0 + nq) * dim],
+            nq,
+            k: K,
+            filter: &f,
+            recency: None,
+            now_ms: 0,
+            direct: None,
+            slot: None,
+        };
         let t0 = Instant::now();
         e.search(st, &req, &mut out).unwrap();
         if i >= 3 {
@@ -370,11 +386,18 @@ fn main() {
             // Top-10 ids of query 0 for the peers to compare.
             let f = Filter::all();
             let mut out = Vec::new();
-            en.search(&st, &SearchRequest { queries: &qs[..cfg.dim], nq: 1, k: K, filter: &f, recency: None, now_ms: 0, direct: None, slot: None }, &mut out).unwrap();
+            en.search(
+                &st,
+                &SearchRequest { queries: &qs[..cfg.dim], nq: 1, k: K, filter: &f, recency: None, now_ms: 0, direct: None, slot: None },
+                &mut out,
+            )
+            .unwrap();
             let ids: Vec<u64> = out[0].iter().map(|h| h.id).collect();
             kalos::npy::write_u64(&dir.join(format!("{}_ids.npy", cfg.tag)), &ids).unwrap();
             drop(st);
-            let cell = |s: &[f64], f: &[f64]| format!("{:.0} / {:.0} = {:.2}× (min {:.2}×)", pct(s, 0.5) / 1e3, pct(f, 0.5) / 1e3, pct(s, 0.5) / pct(f, 0.5), s[0] / f[0]);
+            let cell = |s: &[f64], f: &[f64]| {
+                format!("{:.0} / {:.0} = {:.2}× (min {:.2}×)", pct(s, 0.5) / 1e3, pct(f, 0.5) / 1e3, pct(s, 0.5) / pct(f, 0.5), s[0] / f[0])
+            };
             scan_rows.push(format!(
                 "| {} | {:.1} MB | {} | {} | {:.1} | {:.1} GB/s |",
                 cfg.tag,
@@ -410,7 +433,9 @@ fn main() {
     let kalosd = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kalosd");
     let idle = if kalosd.exists() {
         [2000, 0].iter().map(|&us| idle_cpu(&kalosd, us).unwrap_or_else(|| "idle check failed".into())).collect::<Vec<_>>().join("\n")
-    } else { format!("{} not built; run `cargo build --release --bin kalosd`", kalosd.display()) };
+    } else {
+        format!("{} not built; run `cargo build --release --bin kalosd`", kalosd.display())
+    };
 
     // 5. Peers.
     let lib = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("libkalos.so");
@@ -432,7 +457,9 @@ fn main() {
     }
     println!();
     println!("## In-process CPU scan, single query k={K}: scan p50 / floor p50 (µs); floor = plain sum over the same table, interleaved");
-    println!("| table | bytes | 1 thread | {threads} threads | batch of 16, µs per query ({threads} thr) | floor bandwidth ({threads} thr) |");
+    println!(
+        "| table | bytes | 1 thread | {threads} threads | batch of 16, µs per query ({threads} thr) | floor bandwidth ({threads} thr) |"
+    );
     println!("|---|---|---|---|---|---|");
     for r in &scan_rows {
         println!("{r}");

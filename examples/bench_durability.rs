@@ -125,7 +125,11 @@ fn main() {
                 // Everything so far goes into the snapshot; the rest is replayed from the log.
                 let t = Instant::now();
                 p.snapshot(&store).unwrap();
-                println!("\nsnapshot of {} rows written (temp + fsync + rename + fsync dir) in {:.2}s", store.len(), t.elapsed().as_secs_f64());
+                println!(
+                    "\nsnapshot of {} rows written (temp + fsync + rename + fsync dir) in {:.2}s",
+                    store.len(),
+                    t.elapsed().as_secs_f64()
+                );
             }
             let mut i = lo;
             while i < hi {
@@ -162,14 +166,25 @@ fn main() {
         let (p, r) = Persist::open(&dir, dim, metric, &popts, &mut store).unwrap();
         assert_eq!(store.len(), rows, "recovered every row");
         let persist_s = t.elapsed().as_secs_f64();
-        println!("Persist::open: {:.2}s ({} snapshot rows, {} log records, {} log bytes), {:.0} rows/s", persist_s, r.snapshot_rows, r.records_replayed, r.log_bytes, rows as f64 / persist_s);
+        println!(
+            "Persist::open: {:.2}s ({} snapshot rows, {} log records, {} log bytes), {:.0} rows/s",
+            persist_s,
+            r.snapshot_rows,
+            r.records_replayed,
+            r.log_bytes,
+            rows as f64 / persist_s
+        );
         // Background snapshot (what compaction does): the server-thread pause, then the total.
         let mut p = p;
         let t = Instant::now();
         p.start_snapshot(&store).unwrap();
         let pause = t.elapsed().as_secs_f64();
         drop(p); // waits for the snapshot thread and cleans up
-        println!("background snapshot of {rows} rows: server-thread pause {:.3}s (log switch + table copy), complete after {:.2}s", pause, t.elapsed().as_secs_f64());
+        println!(
+            "background snapshot of {rows} rows: server-thread pause {:.3}s (log switch + table copy), complete after {:.2}s",
+            pause,
+            t.elapsed().as_secs_f64()
+        );
         drop(store);
     }
     // Full server start on the directory (recovery + CPU engine), then recall latency.
@@ -187,10 +202,17 @@ fn main() {
     let k = Kalos::open(&name, &o).unwrap();
     let open_s = t.elapsed().as_secs_f64();
     let st = k.stats().unwrap();
-    println!("server start with recovery from the full snapshot (Kalos::open, role server): {open_s:.2}s for {} rows, engine {}", st.count, st.engine_name);
+    println!(
+        "server start with recovery from the full snapshot (Kalos::open, role server): {open_s:.2}s for {} rows, engine {}",
+        st.count, st.engine_name
+    );
     let mut rng = StdRng::seed_from_u64(9);
     println!("\n| recall (k=10) | rows scanned | queries | p50 µs | p99 µs |\n|---|---|---|---|---|");
-    for (label, filter, nq) in [("unfiltered", None, 20), ("namespace = 0.1% of rows", Some(vec![7u64]), 200), ("8 namespaces = 0.8%", Some((0..8).collect()), 200)] {
+    for (label, filter, nq) in [
+        ("unfiltered", None, 20),
+        ("namespace = 0.1% of rows", Some(vec![7u64]), 200),
+        ("8 namespaces = 0.8%", Some((0..8).collect()), 200),
+    ] {
         let mut lat = Vec::new();
         for _ in 0..nq {
             let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();

@@ -34,7 +34,14 @@ fn main() {
     let metric = if a.get(4).map(String::as_str) == Some("l2") { Metric::L2 } else { Metric::InnerProduct };
     let mut st = Store::new(dim, metric, n.max(1), 0);
     let items: Vec<UpsertItem<'_>> = (0..n)
-        .map(|i| UpsertItem { id: i as u64, namespace: 0, vector: &vecs[i * dim..(i + 1) * dim], payload: None, created_ms: 0, expires_ms: NEVER })
+        .map(|i| UpsertItem {
+            id: i as u64,
+            namespace: 0,
+            vector: &vecs[i * dim..(i + 1) * dim],
+            payload: None,
+            created_ms: 0,
+            expires_ms: NEVER,
+        })
         .collect();
     for c in items.chunks(4096) {
         st.validate_upsert(c).unwrap();

@@ -34,7 +34,14 @@ fn main() {
             .iter()
             .map(|s| {
                 let p: Vec<usize> = s.split(':').map(|x| x.parse().expect("setting pipe:gemm_sms:score16")).collect();
-                (p[0] != 0, p.get(1).copied().unwrap_or(0), p.get(2).copied().unwrap_or(0) != 0, p.get(3).copied().unwrap_or(0) != 0, p.get(4).copied().unwrap_or(0), p.get(5).map_or(cuda::FILTER_SEG, |&x| x as u32))
+                (
+                    p[0] != 0,
+                    p.get(1).copied().unwrap_or(0),
+                    p.get(2).copied().unwrap_or(0) != 0,
+                    p.get(3).copied().unwrap_or(0) != 0,
+                    p.get(4).copied().unwrap_or(0),
+                    p.get(5).map_or(cuda::FILTER_SEG, |&x| x as u32),
+                )
             })
             .collect()
     } else {
@@ -67,7 +74,12 @@ fn main() {
     let dirty: Vec<u32> = (0..st.len() as u32).collect();
     st.take_dirty();
     e.sync(&st, &dirty).expect("sync");
-    println!("gpu_probe: {n} x {dim} {dtype:?}, {nq} queries, k = {k}, {} SMs; table ready in {:.1} s ({})", e.sm_count(), t0.elapsed().as_secs_f64(), e.describe());
+    println!(
+        "gpu_probe: {n} x {dim} {dtype:?}, {nq} queries, k = {k}, {} SMs; table ready in {:.1} s ({})",
+        e.sm_count(),
+        t0.elapsed().as_secs_f64(),
+        e.describe()
+    );
     let qs: Vec<f32> = (0..nq * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
     let all = Filter::all();
     // The same queries in a registered staging region (what the server's mirror is).

@@ -51,7 +51,11 @@ fn main() {
         let t = Instant::now();
         let hits = c.recall_with_payloads(&q, 5, &ro).expect("recall");
         let dt = t.elapsed();
-        println!("\nquery {i} ({}), top 5 in {:.1} us:", user.map_or("all users".to_string(), |u| format!("user {u} only")), dt.as_secs_f64() * 1e6);
+        println!(
+            "\nquery {i} ({}), top 5 in {:.1} us:",
+            user.map_or("all users".to_string(), |u| format!("user {u} only")),
+            dt.as_secs_f64() * 1e6
+        );
         for h in hits {
             let text = h.payload.map(|p| String::from_utf8_lossy(&p).into_owned()).unwrap_or_default();
             println!("  id {:>8}  score {:>8.4}  {text}", h.id, h.score);
@@ -83,5 +87,10 @@ fn main() {
         p(1.0)
     );
     let st = c.stats().expect("stats");
-    println!("server side: p50 {:.1} us  p99 {:.1} us over the last requests; {} requests served", st.p50_ns as f64 / 1e3, st.p99_ns as f64 / 1e3, st.requests);
+    println!(
+        "server side: p50 {:.1} us  p99 {:.1} us over the last requests; {} requests served",
+        st.p50_ns as f64 / 1e3,
+        st.p99_ns as f64 / 1e3,
+        st.requests
+    );
 }

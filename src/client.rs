@@ -326,7 +326,13 @@ impl Kalos {
     /// batch's queries are not copied into a request buffer first).
     /// `floats`, when given, follows the parts: values checked to be finite as they are copied
     /// (`Finite`); a non-finite one fails the call with `NON_FINITE` before anything is sent.
-    fn call_parts<R>(&self, parts: &[&[u8]], floats: Option<Finite<'_>>, timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+    fn call_parts<R>(
+        &self,
+        parts: &[&[u8]],
+        floats: Option<Finite<'_>>,
+        timeout_ms: Option<u64>,
+        parse: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
         self.check_open()?;
         let req_len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + floats.as_ref().map_or(0, |f| f.v.len() * 4);
         if req_len > self.seg.data_bytes() {
@@ -350,7 +356,8 @@ impl Kalos {
             if let Err(i) = self.seg.write_finite_f32(slot_i, off, f.v) {
                 // Give the slot back unsubmitted (the same claim, state FREE).
                 slot.client_start_ticks.store(0, Ordering::Relaxed);
-                let _ = slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+                let _ =
+                    slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
                 return Err(non_finite(f.what, f.v[i], f.base + i));
             }
         }
@@ -509,7 +516,10 @@ impl Kalos {
 
     fn check_query(&self, q: &[f32], what: &str) -> Result<()> {
         if q.len() != self.dim {
-            return Err(Error::new(Status::DimensionMismatch, format!("{what} has {} values; the store's dimension is {}", q.len(), self.dim)));
+            return Err(Error::new(
+                Status::DimensionMismatch,
+                format!("{what} has {} values; the store's dimension is {}", q.len(), self.dim),
+            ));
         }
         check_finite(q, what)
     }
@@ -517,7 +527,10 @@ impl Kalos {
     fn check_recall_opts(&self, opts: &RecallOptions) -> Result<()> {
         if let Some(ns) = &opts.namespaces {
             if ns.len() > MAX_FILTER_NAMESPACES {
-                return Err(Error::new(Status::InvalidArgument, format!("namespace filter has {} entries; at most {MAX_FILTER_NAMESPACES}", ns.len())));
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!("namespace filter has {} entries; at most {MAX_FILTER_NAMESPACES}", ns.len()),
+                ));
             }
         }
         if let Some(r) = opts.recency {
@@ -688,9 +701,7 @@ impl Kalos {
         let mut scores = vec![0f32; nq * k];
         let mut counts = vec![0usize; nq];
         self.recall_batch_into(queries, nq, k, opts, &mut ids, &mut scores, &mut counts)?;
-        Ok((0..nq)
-            .map(|i| (0..counts[i]).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }).collect())
-            .collect())
+        Ok((0..nq).map(|i| (0..counts[i]).map(|j| Hit { id: ids[i * k + j], score: scores[i * k + j] }).collect()).collect())
     }
 
     /// Inserts or replaces memories. `vectors` is `ids.len() * dim` values. Within one call a

@@ -705,7 +705,12 @@ pub extern "system" fn Java_io_kalos_Native_get<'l>(
 /// `static native String[] stats(long h, long[] out)`: fills 18 counters (order of
 /// `io.kalos.Stats`) and returns {engine name, fallback reason}.
 #[no_mangle]
-pub extern "system" fn Java_io_kalos_Native_stats<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong, out: JLongArray<'l>) -> jobjectArray {
+pub extern "system" fn Java_io_kalos_Native_stats<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    out: JLongArray<'l>,
+) -> jobjectArray {
     run(&mut env, |env| {
         let s = handle(h)?.stats()?;
         let v = [

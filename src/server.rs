@@ -625,7 +625,9 @@ impl Server {
             }
             let pid = shm::pid_of(w);
             let ticks = slot.client_start_ticks.load(Ordering::Relaxed);
-            if !shm::process_alive(pid, ticks) && slot.state.compare_exchange(w, shm::pack(0, shm::gen_of(w), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if !shm::process_alive(pid, ticks)
+                && slot.state.compare_exchange(w, shm::pack(0, shm::gen_of(w), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
                 slot.client_start_ticks.store(0, Ordering::Relaxed);
             }
         }
@@ -662,7 +664,8 @@ impl Server {
                     m => return Err(Error::new(Status::InvalidArgument, format!("unknown namespace mode {m}"))),
                 };
                 let ids = r.u64s(n, "ids")?;
-                let vectors = r.f32s(n.checked_mul(self.dim).ok_or_else(|| Error::new(Status::InvalidArgument, "size overflow"))?, "vectors")?;
+                let vectors =
+                    r.f32s(n.checked_mul(self.dim).ok_or_else(|| Error::new(Status::InvalidArgument, "size overflow"))?, "vectors")?;
                 let has_p = r.u32("payload flag")?;
                 let mut payloads: Vec<Option<&[u8]>> = vec![None; n];
                 if has_p == 1 {
@@ -860,7 +863,15 @@ impl Server {
                     // clamps it), so the range lies in slot p.slot's data area; only its address
                     // is taken here (SlotQueries reads it by DMA or by a private copy).
                     let ptr = unsafe { self.seg.slot_data(p.slot).add(4 + head) } as *const u8;
-                    return Ok((k, nq, flags, filter, recency, Cow::Borrowed(&[][..]), Some(SlotQueries { ptr, len: nvals, cosine_dim: if self.metric == Metric::Cosine { self.dim } else { 0 } })));
+                    return Ok((
+                        k,
+                        nq,
+                        flags,
+                        filter,
+                        recency,
+                        Cow::Borrowed(&[][..]),
+                        Some(SlotQueries { ptr, len: nvals, cosine_dim: if self.metric == Metric::Cosine { self.dim } else { 0 } }),
+                    ));
                 }
                 let mut q = r.f32s_cow(nvals, "queries")?;
                 check_finite(&q, "query")?;
@@ -877,7 +888,11 @@ impl Server {
                     groups.last_mut().unwrap().jobs.push(RecallJob { idx: i, k, nq, flags, q_off: 0 });
                 }
                 Ok((k, nq, flags, filter, recency, q, None)) => {
-                    let key = (filter.namespaces.clone(), recency.map_or(0, |r| r.weight.to_bits()), recency.map_or(0, |r| r.half_life_ms.to_bits()));
+                    let key = (
+                        filter.namespaces.clone(),
+                        recency.map_or(0, |r| r.weight.to_bits()),
+                        recency.map_or(0, |r| r.half_life_ms.to_bits()),
+                    );
                     let gi = if groups.is_empty() {
                         first_key = Some(key);
                         groups.push(Group { filter, recency, queries: Cow::Borrowed(&[]), slot: None, jobs: Vec::new(), k: 0 });
@@ -919,7 +934,16 @@ impl Server {
                 }),
                 _ => None,
             };
-            let req = SearchRequest { queries: &g.queries, nq, k: g.k, filter: &g.filter, recency: g.recency, now_ms: now, direct: dout.as_ref(), slot: g.slot };
+            let req = SearchRequest {
+                queries: &g.queries,
+                nq,
+                k: g.k,
+                filter: &g.filter,
+                recency: g.recency,
+                now_ms: now,
+                direct: dout.as_ref(),
+                slot: g.slot,
+            };
             let mut r = self.engine.search(&self.store, &req, &mut out);
             if let Err(e) = &r {
                 // A request error (slot queries the engine found bad on the device: NaN, an

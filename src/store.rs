@@ -161,7 +161,10 @@ impl Store {
                 }
             }
             if self.metric == Metric::Cosine && it.vector.iter().all(|&x| x == 0.0) {
-                return Err(Error::new(Status::InvalidArgument, format!("vector of id {} is all zeros; cosine needs a non-zero vector", it.id)));
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!("vector of id {} is all zeros; cosine needs a non-zero vector", it.id),
+                ));
             }
             if !self.index.contains_key(&it.id) {
                 new_ids.insert(it.id);
@@ -280,13 +283,7 @@ impl Store {
 
     /// Deletes every memory of a namespace; returns how many.
     pub fn delete_namespace(&mut self, ns: u64) -> usize {
-        let victims: Vec<u64> = self
-            .namespaces
-            .iter()
-            .zip(&self.ids)
-            .filter(|(&n, _)| n == ns)
-            .map(|(_, &id)| id)
-            .collect();
+        let victims: Vec<u64> = self.namespaces.iter().zip(&self.ids).filter(|(&n, _)| n == ns).map(|(_, &id)| id).collect();
         self.delete_present(&victims)
     }
 
@@ -295,13 +292,7 @@ impl Store {
         if self.expiring == 0 {
             return Vec::new();
         }
-        let victims: Vec<u64> = self
-            .expires_ms
-            .iter()
-            .zip(&self.ids)
-            .filter(|(&e, _)| e <= now_ms)
-            .map(|(_, &id)| id)
-            .collect();
+        let victims: Vec<u64> = self.expires_ms.iter().zip(&self.ids).filter(|(&e, _)| e <= now_ms).map(|(_, &id)| id).collect();
         self.delete_present(&victims);
         victims
     }

@@ -199,7 +199,8 @@ fn sigkill_and_torn_writes_lose_no_acknowledged_write() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut model = State::new();
     let mut seq = 0u64;
-    let (mut total_acked, mut torn_reported, mut torn_cycles, mut in_flight_applied, mut chain_kills) = (0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut total_acked, mut torn_reported, mut torn_cycles, mut in_flight_applied, mut chain_kills) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
     // A process crash must lose no acknowledged write under every sync policy (docs/DURABILITY.md).
     let policy = |cycle: usize| ["always", "interval", "never"][(cycle / 3) % 3];
     let mut srv = start_server(&name, &dir, policy(0));
@@ -314,7 +315,10 @@ fn sigkill_and_torn_writes_lose_no_acknowledged_write() {
                             std::thread::sleep(Duration::from_millis(10));
                         }
                         let err = srv.stderr.lock().unwrap().clone();
-                        assert!(err.contains("torn tail") && err.contains(&format!("offset {last_end}, dropped {} bytes", cut - last_end)), "{ctx}: torn tail not reported: {err}");
+                        assert!(
+                            err.contains("torn tail") && err.contains(&format!("offset {last_end}, dropped {} bytes", cut - last_end)),
+                            "{ctx}: torn tail not reported: {err}"
+                        );
                         torn_reported += 1;
                     } else {
                         assert!(!err.contains("torn tail"), "{ctx}: {err}");

@@ -118,7 +118,9 @@ fn check(st: &Store, req: &SearchRequest<'_>, got: &[Vec<Hit>], what: &str) {
             let t = tol(w, dim);
             let h = g[i];
             assert!(seen.insert(h.id), "{what} q{qi}: id {} returned twice", h.id);
-            let s_true = *truth.get(&h.id).unwrap_or_else(|| panic!("{what} q{qi} rank {i}: id {} is not eligible (filtered, expired or deleted)", h.id));
+            let s_true = *truth
+                .get(&h.id)
+                .unwrap_or_else(|| panic!("{what} q{qi} rank {i}: id {} is not eligible (filtered, expired or deleted)", h.id));
             assert!((s_true - w).abs() <= t, "{what} q{qi} rank {i}: id {} has true score {s_true}, rank needs {w} (id {wid})", h.id);
             assert!((h.score as f64 - s_true).abs() <= t, "{what} q{qi} rank {i}: score {} vs reference {s_true}", h.score);
             // Exact id unless some other eligible row is within the tolerance without being an
@@ -313,11 +315,23 @@ fn namespace_filters_expiry_and_recency() {
         let st = store(&d, dim, m);
         assert!(st.has_expiring());
         let q = queries(&mut r, 5, dim, m);
-        let filters = [Filter::all(), Filter::new(&[2]).unwrap(), Filter::new(&[77]).unwrap(), Filter::new(&[0, 3, 77]).unwrap(), Filter::new(&[5, 6]).unwrap(), Filter::new(&(100..120).chain([1]).collect::<Vec<_>>()).unwrap()];
+        let filters = [
+            Filter::all(),
+            Filter::new(&[2]).unwrap(),
+            Filter::new(&[77]).unwrap(),
+            Filter::new(&[0, 3, 77]).unwrap(),
+            Filter::new(&[5, 6]).unwrap(),
+            Filter::new(&(100..120).chain([1]).collect::<Vec<_>>()).unwrap(),
+        ];
         let recencies = if m == Metric::L2 {
             vec![None]
         } else {
-            vec![None, Some(Recency { weight: 0.2, half_life_ms: 3_600_000.0 }), Some(Recency { weight: 1.0, half_life_ms: 1000.0 }), Some(Recency { weight: 0.9, half_life_ms: 1e7 })]
+            vec![
+                None,
+                Some(Recency { weight: 0.2, half_life_ms: 3_600_000.0 }),
+                Some(Recency { weight: 1.0, half_life_ms: 1000.0 }),
+                Some(Recency { weight: 0.9, half_life_ms: 1e7 }),
+            ]
         };
         for isa in Isa::available() {
             for threads in [1usize, 2] {
@@ -330,7 +344,8 @@ fn namespace_filters_expiry_and_recency() {
                                 let mut rq = req(&q[..nq * dim], nq, k, f);
                                 rq.recency = *rec;
                                 let got = run(&mut e, &st, &rq);
-                                let what = format!("{} {isa:?} x{threads} filter {:?} recency {rec:?} k {k} nq {nq}", m.name(), f.namespaces);
+                                let what =
+                                    format!("{} {isa:?} x{threads} filter {:?} recency {rec:?} k {k} nq {nq}", m.name(), f.namespaces);
                                 check(&st, &rq, &got, &what);
                                 for h in got.iter().flatten() {
                                     let row = st.row_of(h.id).unwrap();

@@ -177,7 +177,8 @@ fn namespace_filter_is_exact_on_a_million_rows() {
     let t = Instant::now();
     for c in (0..n).step_by(8192) {
         let e = (c + 8192).min(n);
-        k.upsert(&ids[c..e], &vecs[c * dim..e * dim], &UpsertOptions { namespaces: Namespaces::PerItem(&ns[c..e]), ..Default::default() }).unwrap();
+        k.upsert(&ids[c..e], &vecs[c * dim..e * dim], &UpsertOptions { namespaces: Namespaces::PerItem(&ns[c..e]), ..Default::default() })
+            .unwrap();
     }
     eprintln!("loaded {n} rows in {:.1}s", t.elapsed().as_secs_f64());
     assert_eq!(k.stats().unwrap().count, n as u64);
@@ -193,7 +194,12 @@ fn namespace_filter_is_exact_on_a_million_rows() {
                 assert!(filter.contains(&ns[g.id as usize]), "id {} is outside the filter", g.id);
                 if g.id != w.1 {
                     // Only a tie may reorder.
-                    assert!((brute(&vecs[g.id as usize * dim..], &[0], dim, &q, None, 1)[0].0 - w.0).abs() < 1e-5, "id {} vs {}", g.id, w.1);
+                    assert!(
+                        (brute(&vecs[g.id as usize * dim..], &[0], dim, &q, None, 1)[0].0 - w.0).abs() < 1e-5,
+                        "id {} vs {}",
+                        g.id,
+                        w.1
+                    );
                 }
             }
         }
@@ -301,7 +307,8 @@ fn recency_weighting_matches_the_documented_formula() {
     let (w, hl) = (0.4f32, 250.0f64);
     for _ in 0..5 {
         let t0 = kalos::types::now_unix_ms();
-        let hits = k.recall(&q, 2, &RecallOptions { recency: Some(Recency { weight: w, half_life_ms: hl }), ..Default::default() }).unwrap();
+        let hits =
+            k.recall(&q, 2, &RecallOptions { recency: Some(Recency { weight: w, half_life_ms: hl }), ..Default::default() }).unwrap();
         let t1 = kalos::types::now_unix_ms();
         assert_eq!(hits.len(), 2);
         for h in &hits {

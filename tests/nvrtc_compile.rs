@@ -57,11 +57,7 @@ fn install(version: Option<&str>) -> Option<PathBuf> {
         None => "nvidia-cuda-nvrtc".to_string(),
     };
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let r = Command::new(&py)
-        .args(["-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target"])
-        .arg(&root)
-        .arg(&spec)
-        .output();
+    let r = Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target"]).arg(&root).arg(&spec).output();
     let err = match r {
         Ok(o) if o.status.success() && lib.join("libnvrtc.so.13").exists() => return Some(lib),
         Ok(o) => format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),

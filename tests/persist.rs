@@ -22,9 +22,10 @@ struct Row {
 type Model = BTreeMap<u64, Row>;
 
 fn seed() -> u64 {
-    let s = std::env::var("KALOS_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let s = std::env::var("KALOS_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("seed = {s} (rerun with KALOS_TEST_SEED={s})");
     s
 }
@@ -96,7 +97,14 @@ fn apply(op: &Op, model: &mut Model, p: &mut Persist, store: &mut Store) {
         Op::Upsert(rows) => {
             let items: Vec<UpsertItem> = rows
                 .iter()
-                .map(|(id, r)| UpsertItem { id: *id, namespace: r.ns, vector: &r.v, payload: r.p.as_deref(), created_ms: r.created, expires_ms: r.expires })
+                .map(|(id, r)| UpsertItem {
+                    id: *id,
+                    namespace: r.ns,
+                    vector: &r.v,
+                    payload: r.p.as_deref(),
+                    created_ms: r.created,
+                    expires_ms: r.expires,
+                })
                 .collect();
             store.validate_upsert(&items).unwrap();
             p.append(&WalOp::Upsert(&items)).unwrap();
@@ -313,7 +321,14 @@ fn corrupt_snapshot_fails_open_and_repair_salvages_intact_blocks() {
     let vecs: Vec<f32> = (0..n as usize * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
     for c in 0..(n / 500) {
         let items: Vec<UpsertItem> = (c * 500..(c + 1) * 500)
-            .map(|i| UpsertItem { id: i, namespace: i % 3, vector: &vecs[i as usize * dim..(i as usize + 1) * dim], payload: None, created_ms: 1, expires_ms: NEVER })
+            .map(|i| UpsertItem {
+                id: i,
+                namespace: i % 3,
+                vector: &vecs[i as usize * dim..(i as usize + 1) * dim],
+                payload: None,
+                created_ms: 1,
+                expires_ms: NEVER,
+            })
             .collect();
         p.append(&WalOp::Upsert(&items)).unwrap();
         s.apply_upsert(&items);
@@ -506,7 +521,11 @@ fn background_snapshot_crash_states_recover_the_log_chain() {
     }
     // Files now: snap-1, wal-1, wal-2 (with records), snap-2 (renamed, not yet collected).
     let names = |d: &Path| -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).filter(|n: &String| n != "LOCK").collect();
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into())
+            .filter(|n: &String| n != "LOCK")
+            .collect();
         v.sort();
         v
     };

@@ -369,7 +369,15 @@ fn slot_queries_are_answered_and_checked() {
     let ids: Vec<u64> = (0..n as u64).collect();
     for metric in [Metric::InnerProduct, Metric::L2, Metric::Cosine] {
         let name = uniq("slotq");
-        let mut o = Options { role: Role::Server, dim: dim as u32, metric, slot_bytes: 1 << 20, slots: 4, backend: Backend::Cpu, ..Options::default() };
+        let mut o = Options {
+            role: Role::Server,
+            dim: dim as u32,
+            metric,
+            slot_bytes: 1 << 20,
+            slots: 4,
+            backend: Backend::Cpu,
+            ..Options::default()
+        };
         o.capacity = 10_000;
         let s = Kalos::open(&name, &o).unwrap();
         s.upsert(&ids, &v, &UpsertOptions::default()).unwrap();

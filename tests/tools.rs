@@ -94,7 +94,23 @@ fn import_serve_export_round_trip_with_payloads() {
     jl += &format!("{{\"id\": {expired_id}, \"expires_ms\": 1000}}\n");
     std::fs::write(w.join("p.jsonl"), jl).unwrap();
     let d = w.join("data");
-    let o = kalosd(&["import", "--data-dir", s(&d), "--dim", "12", "--metric", "ip", "--vectors", s(&w.join("v.npy")), "--ids", s(&w.join("ids.npy")), "--namespaces", s(&w.join("ns.npy")), "--payloads", s(&w.join("p.jsonl"))]);
+    let o = kalosd(&[
+        "import",
+        "--data-dir",
+        s(&d),
+        "--dim",
+        "12",
+        "--metric",
+        "ip",
+        "--vectors",
+        s(&w.join("v.npy")),
+        "--ids",
+        s(&w.join("ids.npy")),
+        "--namespaces",
+        s(&w.join("ns.npy")),
+        "--payloads",
+        s(&w.join("p.jsonl")),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&format!("imported {} rows", n - 1)) && text(&o).contains("1 skipped"), "{}", text(&o));
     // Serve the imported directory and check through a client.
@@ -130,7 +146,19 @@ fn import_serve_export_round_trip_with_payloads() {
         npy::write_u64(&w.join("eids.npy"), &extra_ids).unwrap();
         npy::write_f32(&w.join("ev.npy"), &[2, dim], &vals[..2 * dim]).unwrap();
         std::fs::write(w.join("ep.jsonl"), format!("{{\"id\": {}, \"payload\": \"online\", \"namespace\": 99}}\n", 1u64 << 62)).unwrap();
-        let o = kalosd(&["import", "--name", &name, "--dim", "12", "--vectors", s(&w.join("ev.npy")), "--ids", s(&w.join("eids.npy")), "--payloads", s(&w.join("ep.jsonl"))]);
+        let o = kalosd(&[
+            "import",
+            "--name",
+            &name,
+            "--dim",
+            "12",
+            "--vectors",
+            s(&w.join("ev.npy")),
+            "--ids",
+            s(&w.join("eids.npy")),
+            "--payloads",
+            s(&w.join("ep.jsonl")),
+        ]);
         assert!(o.status.success(), "{}", text(&o));
         let r = &k.get(&[1 << 62]).unwrap()[0];
         assert_eq!((r.payload.as_deref(), r.namespace), (Some(&b"online"[..]), 99));
@@ -139,7 +167,19 @@ fn import_serve_export_round_trip_with_payloads() {
     unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
     assert!(srv.wait().unwrap().success());
     // Export (f32 and f16) and compare with what went in.
-    let o = kalosd(&["export", "--data-dir", s(&d), "--vectors", s(&w.join("x.npy")), "--ids", s(&w.join("xi.npy")), "--namespaces", s(&w.join("xn.npy")), "--payloads", s(&w.join("xp.jsonl"))]);
+    let o = kalosd(&[
+        "export",
+        "--data-dir",
+        s(&d),
+        "--vectors",
+        s(&w.join("x.npy")),
+        "--ids",
+        s(&w.join("xi.npy")),
+        "--namespaces",
+        s(&w.join("xn.npy")),
+        "--payloads",
+        s(&w.join("xp.jsonl")),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let xv = match npy::read(&w.join("x.npy")).unwrap().data {
         NpyData::F32(v) => v,
@@ -163,11 +203,41 @@ fn import_serve_export_round_trip_with_payloads() {
     }
     // The exported set re-imports into a fresh directory to the same table (full fidelity).
     let d2 = w.join("data2");
-    let o = kalosd(&["import", "--data-dir", s(&d2), "--dim", "12", "--metric", "ip", "--vectors", s(&w.join("x.npy")), "--ids", s(&w.join("xi.npy")), "--payloads", s(&w.join("xp.jsonl"))]);
+    let o = kalosd(&[
+        "import",
+        "--data-dir",
+        s(&d2),
+        "--dim",
+        "12",
+        "--metric",
+        "ip",
+        "--vectors",
+        s(&w.join("x.npy")),
+        "--ids",
+        s(&w.join("xi.npy")),
+        "--payloads",
+        s(&w.join("xp.jsonl")),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
-    let o = kalosd(&["export", "--data-dir", s(&d2), "--vectors", s(&w.join("y.npy")), "--ids", s(&w.join("yi.npy")), "--payloads", s(&w.join("yp.jsonl")), "--dtype", "f16"]);
+    let o = kalosd(&[
+        "export",
+        "--data-dir",
+        s(&d2),
+        "--vectors",
+        s(&w.join("y.npy")),
+        "--ids",
+        s(&w.join("yi.npy")),
+        "--payloads",
+        s(&w.join("yp.jsonl")),
+        "--dtype",
+        "f16",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(std::fs::read_to_string(w.join("xp.jsonl")).unwrap(), std::fs::read_to_string(w.join("yp.jsonl")).unwrap(), "payloads, namespaces, times");
+    assert_eq!(
+        std::fs::read_to_string(w.join("xp.jsonl")).unwrap(),
+        std::fs::read_to_string(w.join("yp.jsonl")).unwrap(),
+        "payloads, namespaces, times"
+    );
     let yv = match npy::read(&w.join("y.npy")).unwrap().data {
         NpyData::F32(v) => v,
         _ => panic!(),
@@ -186,7 +256,12 @@ fn serve_reports_torn_tail_and_corruption_and_repair_recovers() {
     let name = format!("toolsrep-{}", std::process::id());
     let k = Kalos::open(&name, &o).unwrap();
     for i in 0..50u64 {
-        k.upsert(&[i], &[i as f32, 1.0, 2.0, 3.0], &UpsertOptions { payloads: Some(vec![Some(format!("p{i}").as_bytes())]), ..Default::default() }).unwrap();
+        k.upsert(
+            &[i],
+            &[i as f32, 1.0, 2.0, 3.0],
+            &UpsertOptions { payloads: Some(vec![Some(format!("p{i}").as_bytes())]), ..Default::default() },
+        )
+        .unwrap();
     }
     k.close();
     let wal = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "wal")).unwrap();

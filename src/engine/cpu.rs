@@ -577,10 +577,11 @@ impl CpuEngine {
     pub fn for_server(threads: usize, spin_ns: u64) -> CpuEngine {
         let mut e = CpuEngine::new(threads);
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let spin_ns = std::env::var("KALOS_CPU_SPIN_NS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(if cores >= SPIN_MIN_CORES { spin_ns } else { 0 });
+        let spin_ns = std::env::var("KALOS_CPU_SPIN_NS").ok().and_then(|s| s.parse().ok()).unwrap_or(if cores >= SPIN_MIN_CORES {
+            spin_ns
+        } else {
+            0
+        });
         e.spin = std::time::Duration::from_nanos(spin_ns);
         // Off by default: on the H200 host pinning changed nothing (10k x 128 split scan, server
         // p50 28.4 µs pinned, 28.0 unpinned) and a pinned worker cannot dodge a busy core.
@@ -626,10 +627,8 @@ impl CpuEngine {
         // 512-bit ops as two 256-bit halves anyway. In cache both are equal. AVX-512 keeps the
         // batched tile kernel, where its 32 registers allow the 4×4 tile.
         let scan_isa = if isa == Isa::Avx512 && avail.contains(&Isa::Avx2) { Isa::Avx2 } else { isa };
-        let par_min_bytes = std::env::var("KALOS_CPU_PARALLEL_MIN_BYTES")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
+        let par_min_bytes =
+            std::env::var("KALOS_CPU_PARALLEL_MIN_BYTES").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
         CpuEngine {
             threads,
             isa,
@@ -954,7 +953,8 @@ mod tests {
                     scores(isa, true, &qs[..dim], &vecs, dim, rows, &mut out);
                     for j in 0..m {
                         let r = rows.get(j);
-                        let want: f64 = qs[..dim].iter().zip(&vecs[r * dim..(r + 1) * dim]).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+                        let want: f64 =
+                            qs[..dim].iter().zip(&vecs[r * dim..(r + 1) * dim]).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
                         assert!((out[j] as f64 - want).abs() < tol, "{isa:?} l2 dim {dim}: {} vs {want}", out[j]);
                     }
                     for nq in 1..=5 {
@@ -1001,7 +1001,16 @@ mod tests {
         st.apply_upsert(&items);
         let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
         let f = Filter::all();
-        let req = SearchRequest { queries: &q, nq: 1, k: 10, filter: &f, recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }), now_ms: 1_000_000, direct: None, slot: None };
+        let req = SearchRequest {
+            queries: &q,
+            nq: 1,
+            k: 10,
+            filter: &f,
+            recency: Some(Recency { weight: 0.3, half_life_ms: 50_000.0 }),
+            now_ms: 1_000_000,
+            direct: None,
+            slot: None,
+        };
         let mut out = Vec::new();
         CpuEngine::new(1).search(&st, &req, &mut out).unwrap();
         let want = reference_search(&st, &req);

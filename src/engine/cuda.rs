@@ -27,10 +27,11 @@ pub mod compile;
 pub mod device;
 mod lt;
 
-use compile::{
-    KernelSpec, BATCH, CHUNK, FILTER_FU, FLAG_EXPIRY, FLAG_RECENCY, KMAX, MODULES, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SCAN, SMEM_MAIN, TABLE,
-};
 pub(crate) use compile::MAX_GPU_DIM;
+use compile::{
+    KernelSpec, BATCH, CHUNK, FILTER_FU, FLAG_EXPIRY, FLAG_RECENCY, KMAX, MODULES, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF,
+    SCAN, SMEM_MAIN, TABLE,
+};
 
 use super::cpu::CpuEngine;
 use super::{Engine, EngineKind};
@@ -719,13 +720,7 @@ impl CudaEngine {
         let dim = store.dim();
         let dtype = opts.dtype;
         let metric = store.metric();
-        let spec = KernelSpec {
-            arch: format!("sm_{}{}", cc.0, cc.1),
-            dim,
-            dtype,
-            metric,
-            prof: std::env::var_os("KALOS_PROF").is_some(),
-        };
+        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: std::env::var_os("KALOS_PROF").is_some() };
         let prof = spec.prof;
         let geo = compile::Geometry::of(dim, dtype);
         let dp = geo.dp;
@@ -733,7 +728,9 @@ impl CudaEngine {
         // The modules compile in parallel (NVRTC is thread-safe): start-up waits for the slowest.
         let cubins: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
             let jobs: Vec<_> = MODULES.iter().map(|m| s.spawn(|| spec.compile(m))).collect();
-            jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::new(Status::Internal, "the kernel compile panicked")))).collect()
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(Error::new(Status::Internal, "the kernel compile panicked"))))
+                .collect()
         });
         let mut modules = Vec::with_capacity(MODULES.len());
         for (m, cubin) in MODULES.iter().zip(cubins) {
@@ -773,7 +770,15 @@ impl CudaEngine {
         let f_checkq = getf(TABLE, "check_queries")?;
         let smem_scan = SMEM_MAIN + dp * 4;
         let smem_filter = filter_smem(KMAX, fstep);
-        for (f, bytes) in [(Some(f_scan), smem_scan), (f_scan_v, smem_scan), (f_scan_c, smem_scan), (Some(f_filter), smem_filter), (Some(f_filter_h), smem_filter), (Some(f_tighten), smem_scan), (Some(f_final), smem_scan)] {
+        for (f, bytes) in [
+            (Some(f_scan), smem_scan),
+            (f_scan_v, smem_scan),
+            (f_scan_c, smem_scan),
+            (Some(f_filter), smem_filter),
+            (Some(f_filter_h), smem_filter),
+            (Some(f_tighten), smem_scan),
+            (Some(f_final), smem_scan),
+        ] {
             let Some(f) = f else { continue };
             ck("cuFuncSetAttribute", unsafe {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
@@ -968,7 +973,9 @@ impl CudaEngine {
         let expires = alloc(new_cap * 8, "expires")?;
         let n = self.len;
         if n > 0 {
-            let copy = |dst: &DevBuf, src: &DevBuf, bytes: usize| ck("grow copy", unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, self.stream) });
+            let copy = |dst: &DevBuf, src: &DevBuf, bytes: usize| {
+                ck("grow copy", unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, self.stream) })
+            };
             copy(&vecs, &self.d_vecs, n * self.dp * self.esize)?;
             copy(&norms, &self.d_norms, n * 4)?;
             copy(&ids, &self.d_ids, n * 8)?;
@@ -1118,7 +1125,10 @@ impl CudaEngine {
                 ck("capture H2D", sys::cuMemcpyHtoDAsync_v2(self.d_in.ptr, self.h_in.ptr as *const c_void, in_bytes, self.stream))?;
                 let mut a_in = self.d_in.ptr;
                 let mut args = scan_arg_ptrs(&mut a_in as *mut u64 as *mut c_void, &mut tab, &mut tail);
-                ck("capture scan_topk", sys::cuLaunchKernel(self.f_scan, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                ck(
+                    "capture scan_topk",
+                    sys::cuLaunchKernel(self.f_scan, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
+                )?;
                 Ok(())
             })();
             let mut graph: sys::CUgraph = std::ptr::null_mut();
@@ -1184,7 +1194,8 @@ impl CudaEngine {
         let direct = req.direct.and_then(|d| {
             let (h, len) = self.slots;
             let off = (d.host as usize).checked_sub(h)?;
-            (self.slots_dev != 0 && d.cap >= DirectOut::body_len(k) && off.checked_add(DirectOut::body_len(k))? <= len).then_some((d, self.slots_dev + off as u64))
+            (self.slots_dev != 0 && d.cap >= DirectOut::body_len(k) && off.checked_add(DirectOut::body_len(k))? <= len)
+                .then_some((d, self.slots_dev + off as u64))
         });
         if let Some((_, dst)) = direct {
             p.dst = dst;
@@ -1235,7 +1246,8 @@ impl CudaEngine {
         if let Some(v) = self.prof.as_mut() {
             // SAFETY: h_out holds PROF_OFF + 128 bytes; the kernel wrote 8 stamps and the
             // merge's candidate counts before publishing.
-            let st: [u64; 9] = std::array::from_fn(|i| unsafe { std::ptr::read_volatile((self.h_out.ptr.add(PROF_OFF) as *const u64).add(i)) });
+            let st: [u64; 9] =
+                std::array::from_fn(|i| unsafe { std::ptr::read_volatile((self.h_out.ptr.add(PROF_OFF) as *const u64).add(i)) });
             if v.len() < v.capacity() {
                 let mut a: [u32; 9] = [0; 9];
                 for i in 0..7 {
@@ -1522,7 +1534,11 @@ impl CudaEngine {
         };
         let ntiles = tiles.len();
         // Gated: room for the first tile's cut and 4x the rows expected to pass the bounds.
-        let cap = if gated { cap.max(GATE_CAP).max(kx + 4 * k * (n - first).div_ceil(first)).min(CAND_BYTES / (8 * align_up(nqt, 8))) } else { cap };
+        let cap = if gated {
+            cap.max(GATE_CAP).max(kx + 4 * k * (n - first).div_ceil(first)).min(CAND_BYTES / (8 * align_up(nqt, 8)))
+        } else {
+            cap
+        };
         // Pipelined: the GEMM of tile t+1 (stream) runs while tile t is filtered (fstream),
         // into the other of two score tiles. f16 tiles only: with f32 tiles it was slower on the
         // H200 (1024 x 1M x 768 f16 storage, engine p50 6.04 -> 6.45 ms; with f16 tiles 5.03 ->
@@ -1545,7 +1561,8 @@ impl CudaEngine {
             self.sm_target = sm_target;
         }
         let d_qlo = Some(b.d_qlo.ptr).filter(|&p| p != 0);
-        let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) = (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
+        let (d_bkey, d_brow, d_bcnt, d_oids, d_osc, d_ocnt) =
+            (b.d_bkey.ptr, b.d_brow.ptr, b.d_bcnt.ptr, b.d_oids.ptr, b.d_oscores.ptr, b.d_ocnt.ptr);
         let (d_thr, d_ovf, d_bias) = (b.d_thr.ptr, b.d_overflow.ptr, b.d_bias.ptr);
         // [f16 overflow bits, first non-finite slot query value, first all-zero cosine slot query]
         let mut flags = [0u32; 3];
@@ -1564,7 +1581,8 @@ impl CudaEngine {
             // checked there (check_queries); host queries were checked by the server.
             let slot = req.slot.map(|sq| (sq.ptr as usize + q0 * dim * 4, m * dim));
             let qs: &[f32] = if slot.is_some() { &[] } else { &req.queries[q0 * dim..(q0 + m) * dim] };
-            let qn: Vec<f32> = qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();
+            let qn: Vec<f32> =
+                qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();
             let p = self.fill_params(req, store, n, k, gx as u32, span as u32);
             // SAFETY: Params is repr(C) plain data; every device buffer below was sized by
             // ensure_batch for nqt >= m queries, `tile` rows and `cap` candidates per query.
@@ -1594,7 +1612,10 @@ impl CudaEngine {
                     let (mut a_src, mut a_m, mut a_qn, mut a_norms, mut a_bad) = (d_qf32, m as u32, d_qn, norms, d_ovf + 4);
                     let mut args = kargs![a_src, a_m, a_qn, a_norms, a_bad];
                     let blocks = (m * 32).div_ceil(NT as usize) as u32;
-                    ck("launch check_queries", sys::cuLaunchKernel(self.f_checkq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                    ck(
+                        "launch check_queries",
+                        sys::cuLaunchKernel(self.f_checkq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
+                    )?;
                 } else if sb != 0 && qa >= sb && qa + qs.len() * 4 <= sb + sl {
                     // Already in registered memory (the server's private copy of the request).
                     ck("H2D queries", sys::cuMemcpyHtoDAsync_v2(d_qf32, qs.as_ptr() as *const c_void, qs.len() * 4, self.stream))?;
@@ -1617,7 +1638,10 @@ impl CudaEngine {
                     let scale = if slot.is_some() && self.metric == Metric::Cosine { d_qn } else { 0 };
                     let (mut a_src, mut a_m, mut a_lo, mut a_scale) = (d_qf32, m as u32, lo, scale);
                     let mut args = kargs![a_src, a_m, a_dst, a_lo, a_scale];
-                    ck("launch convert_queries", sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()))?;
+                    ck(
+                        "launch convert_queries",
+                        sys::cuLaunchKernel(self.f_convq, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
+                    )?;
                 }
                 ck("reset thresholds", sys::cuMemsetD8Async(d_thr, 0, m * 4, self.stream))?;
                 ck("reset overflow flag", sys::cuMemsetD8Async(d_ovf, 0, 4, self.stream))?;
@@ -1645,11 +1669,24 @@ impl CudaEngine {
                 if gt && t == 1 {
                     // The biases follow the bounds tile 0's filter left (on fstream).
                     ck("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.stream, self.ev[2], 0) })?;
-                    let (mut a_thr, mut a_bk, mut a_bc, mut a_cap, mut a_m, mut a_bias) = (d_thr, d_bkey, d_bcnt, cap as u32, m as u32, d_bias);
+                    let (mut a_thr, mut a_bk, mut a_bc, mut a_cap, mut a_m, mut a_bias) =
+                        (d_thr, d_bkey, d_bcnt, cap as u32, m as u32, d_bias);
                     let mut args = kargs![a_thr, a_bk, a_bc, a_cap, a_m, a_bias];
                     // SAFETY: d_thr, d_bcnt and d_bias hold >= m entries, d_bkey m * cap (ensure_batch).
                     ck("launch gate_bias", unsafe {
-                        sys::cuLaunchKernel(self.f_gate_bias, m.div_ceil(NT as usize) as u32, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+                        sys::cuLaunchKernel(
+                            self.f_gate_bias,
+                            m.div_ceil(NT as usize) as u32,
+                            1,
+                            1,
+                            NT,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            args.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
                     })?;
                 }
                 if gt {
@@ -1673,7 +1710,19 @@ impl CudaEngine {
                     if fblocks > 1 && t + 1 < ntiles {
                         let mut targs = kargs![a_in, tab, a_bk, a_br, a_bc, a_cap, a_high, a_thr, a_ties, a_ovf];
                         ck("launch batch_tighten", unsafe {
-                            sys::cuLaunchKernel(self.f_tighten, m as u32, 1, 1, NT, 1, 1, smem, fst, targs.as_mut_ptr(), std::ptr::null_mut())
+                            sys::cuLaunchKernel(
+                                self.f_tighten,
+                                m as u32,
+                                1,
+                                1,
+                                NT,
+                                1,
+                                1,
+                                smem,
+                                fst,
+                                targs.as_mut_ptr(),
+                                std::ptr::null_mut(),
+                            )
                         })?;
                     }
                 }
@@ -1689,7 +1738,22 @@ impl CudaEngine {
             let mut margs = kargs![a_in, tab, a_bk, a_br, a_bc, a_cap, a_oi, a_os, a_oc, a_ties, a_q16];
             // SAFETY: as above; the host vectors hold nqt * k ids/scores and nqt counts.
             unsafe {
-                ck("launch batch_final", sys::cuLaunchKernel(self.f_final, m as u32, 1, 1, NT, 1, 1, smem, self.stream, margs.as_mut_ptr(), std::ptr::null_mut()))?;
+                ck(
+                    "launch batch_final",
+                    sys::cuLaunchKernel(
+                        self.f_final,
+                        m as u32,
+                        1,
+                        1,
+                        NT,
+                        1,
+                        1,
+                        smem,
+                        self.stream,
+                        margs.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                )?;
                 ck("D2H ids", sys::cuMemcpyDtoHAsync_v2(ids.as_mut_ptr() as *mut c_void, d_oids, m * k * 8, self.stream))?;
                 ck("D2H scores", sys::cuMemcpyDtoHAsync_v2(scores.as_mut_ptr() as *mut c_void, d_osc, m * k * 4, self.stream))?;
                 ck("D2H counts", sys::cuMemcpyDtoHAsync_v2(counts.as_mut_ptr() as *mut c_void, d_ocnt, m * 4, self.stream))?;
@@ -1700,7 +1764,10 @@ impl CudaEngine {
             // (which it would set: a NaN score must not turn f16 tiles off for good).
             if slot.is_some() && flags[1] != NONE_U32 {
                 out.clear();
-                return Err(Error::new(Status::NonFinite, format!("query holds a non-finite value at index {}", q0 * dim + flags[1] as usize)));
+                return Err(Error::new(
+                    Status::NonFinite,
+                    format!("query holds a non-finite value at index {}", q0 * dim + flags[1] as usize),
+                ));
             }
             if slot.is_some() && flags[2] != NONE_U32 {
                 out.clear();
@@ -1789,7 +1856,9 @@ impl CudaEngine {
         let blocks = (self.sms * 8).min((n16 as usize).div_ceil(NT as usize)).max(1) as u32;
         // SAFETY: `scores` holds ldm * rows halves (ensure_batch with align_up(nqt, 8) queries),
         // the candidate buffers m * cap entries and m counts.
-        ck("launch gate_scan", unsafe { sys::cuLaunchKernel(self.f_gate_scan, blocks, 1, 1, NT, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()) })
+        ck("launch gate_scan", unsafe {
+            sys::cuLaunchKernel(self.f_gate_scan, blocks, 1, 1, NT, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut())
+        })
     }
 
     /// Launches batch_filter over one score tile (rows `row0..row0+rows`, in d_scores with
@@ -2125,7 +2194,8 @@ mod tests {
             put_request(&mut buf, &p, Some(&c), &q, 8);
             assert_eq!(&buf[..PARAMS_HEAD], &pb[..PARAMS_HEAD]);
             assert_eq!(&buf[PARAMS_HEAD..PARAMS_HEAD + 8], &p.dst.to_le_bytes());
-            let qf: Vec<f32> = buf[PARAMS_C_BYTES..PARAMS_C_BYTES + 32].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let qf: Vec<f32> =
+                buf[PARAMS_C_BYTES..PARAMS_C_BYTES + 32].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
             assert_eq!(qf, [1.0, -2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
         }
         assert!(ParamsC::of(&params(NS_INLINE as u32 + 1)).is_none());

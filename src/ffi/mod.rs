@@ -518,9 +518,7 @@ pub unsafe extern "C" fn kalos_open(name: *const c_char, opts: *const kalos_opti
             return Err(null("out"));
         }
         // SAFETY: name is non-NULL and NUL-terminated per the contract.
-        let name = unsafe { CStr::from_ptr(name) }
-            .to_str()
-            .map_err(|_| Error::new(Status::InvalidName, "store name is not UTF-8"))?;
+        let name = unsafe { CStr::from_ptr(name) }.to_str().map_err(|_| Error::new(Status::InvalidName, "store name is not UTF-8"))?;
         // SAFETY: opts is NULL or initialised per the contract.
         let o = unsafe { read_options(opts) }?;
         let k = Kalos::open(name, &o)?;
@@ -566,7 +564,10 @@ unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOpti
         // SAFETY: caller promises namespaces_len readable entries.
         let ns = unsafe { slice(p.namespaces, p.namespaces_len, "params.namespaces") }?;
         if ns.len() > MAX_FILTER_NAMESPACES {
-            return Err(Error::new(Status::InvalidArgument, format!("namespace filter has {} entries; at most {MAX_FILTER_NAMESPACES}", ns.len())));
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!("namespace filter has {} entries; at most {MAX_FILTER_NAMESPACES}", ns.len()),
+            ));
         }
         o.namespaces = Some(ns.to_vec());
     }

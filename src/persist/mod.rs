@@ -145,7 +145,10 @@ impl Persist {
     /// Appends one record (buffered until `commit`).
     pub fn append(&mut self, op: &WalOp<'_>) -> Result<()> {
         if let Some(e) = &self.broken {
-            return Err(Error::new(e.status, format!("the write-ahead log failed earlier; writes are refused until restart: {}", e.message)));
+            return Err(Error::new(
+                e.status,
+                format!("the write-ahead log failed earlier; writes are refused until restart: {}", e.message),
+            ));
         }
         encode_record(&mut self.buf, self.next_seq, op);
         self.next_seq += 1;
@@ -274,7 +277,8 @@ impl Persist {
         let g = self.gen + 1;
         let path = self.dir.join(wal_name(g));
         let hdr = FileHeader { kind: Kind::Wal, dim: self.dim as u32, metric: self.metric as u32, generation: g, seq: self.next_seq };
-        let mut wal = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(|e| io_err("create", &path, e))?;
+        let mut wal =
+            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(|e| io_err("create", &path, e))?;
         wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &path, e))?;
         wal.sync_all().map_err(|e| io_err("fsync", &path, e))?;
         fsync_dir(&self.dir)?;

@@ -73,7 +73,11 @@ impl Persist {
             let b: &[u8] = m.as_deref().unwrap_or(&[]);
             if b.len() < HEADER_BYTES {
                 if !last {
-                    return Err(corrupt(&path, 0, format!("log of {} bytes is shorter than its header, and later logs follow it", b.len())));
+                    return Err(corrupt(
+                        &path,
+                        0,
+                        format!("log of {} bytes is shorter than its header, and later logs follow it", b.len()),
+                    ));
                 }
                 // Crash while creating the log (before any record could be written).
                 rec.torn_tail = Some(format!("torn log header in {}: {} bytes; rewritten", path.display(), b.len()));
@@ -86,7 +90,10 @@ impl Persist {
                 return Err(corrupt(
                     &path,
                     24,
-                    format!("log header (generation {}, first seq {}) does not continue the log chain (generation {g}, seq {next_seq})", h.generation, h.seq),
+                    format!(
+                        "log header (generation {}, first seq {}) does not continue the log chain (generation {g}, seq {next_seq})",
+                        h.generation, h.seq
+                    ),
                 ));
             }
             let s = scan_log(b, next_seq);
@@ -122,7 +129,13 @@ impl Persist {
         }
         let wal_path = dir.join(wal_name(last_gen));
         let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: last_gen, seq: next_seq };
-        let mut wal = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&wal_path).map_err(|e| io_err("open", &wal_path, e))?;
+        let mut wal = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&wal_path)
+            .map_err(|e| io_err("open", &wal_path, e))?;
         if wal_len < HEADER_BYTES as u64 {
             wal.set_len(0).map_err(|e| io_err("truncate", &wal_path, e))?;
             wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &wal_path, e))?;

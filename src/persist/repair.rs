@@ -112,7 +112,12 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
             Ok(h) if seq.map_or(true, |x| x == h.seq) => Some(h.seq),
             Ok(h) => {
                 damaged = true;
-                rep.notes.push(format!("{}: starts at sequence {} but {} was expected; not applied", wal_path.display(), h.seq, seq.unwrap_or(0)));
+                rep.notes.push(format!(
+                    "{}: starts at sequence {} but {} was expected; not applied",
+                    wal_path.display(),
+                    h.seq,
+                    seq.unwrap_or(0)
+                ));
                 None
             }
             Err(e) => {

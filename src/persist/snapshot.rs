@@ -7,7 +7,9 @@ use std::path::Path;
 
 use super::crc::{crc32c, crc32c_update};
 use super::dir::{fsync_dir, io_err, map_file, snap_name};
-use super::record::{check_shape, corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u64, FileHeader, Kind, HEADER_BYTES, REC_HEADER};
+use super::record::{
+    check_shape, corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u64, FileHeader, Kind, HEADER_BYTES, REC_HEADER,
+};
 use crate::error::{Error, Result};
 use crate::store::{Store, UpsertItem};
 use crate::types::Metric;
@@ -192,7 +194,12 @@ pub(super) fn write_snapshot<S: SnapSource>(dir: &Path, gen: u64, seq: u64, stor
 /// Loads a snapshot into `store`. `salvage` (repair): skip damaged blocks instead of failing.
 /// Returns the header, the rows loaded, the size up to the end block, and one note per problem
 /// skipped (only when salvaging).
-pub(super) fn load_snapshot(path: &Path, hdr_expect: Option<(u32, u32)>, store: &mut Store, salvage: bool) -> Result<(FileHeader, u64, u64, Vec<String>)> {
+pub(super) fn load_snapshot(
+    path: &Path,
+    hdr_expect: Option<(u32, u32)>,
+    store: &mut Store,
+    salvage: bool,
+) -> Result<(FileHeader, u64, u64, Vec<String>)> {
     let (_f, m) = map_file(path)?;
     let b: &[u8] = m.as_deref().unwrap_or(&[]);
     let mut notes = Vec::new();
@@ -254,7 +261,9 @@ pub(super) fn load_snapshot(path: &Path, hdr_expect: Option<(u32, u32)>, store: 
                 }
                 let r = decode_rows(body, dim).map_err(|m| corrupt(path, o, m))?;
                 let items = r.items(dim);
-                store.validate_upsert(&items).map_err(|e| Error::new(e.status, format!("{}: loading block at offset {o}: {}", path.display(), e.message)))?;
+                store
+                    .validate_upsert(&items)
+                    .map_err(|e| Error::new(e.status, format!("{}: loading block at offset {o}: {}", path.display(), e.message)))?;
                 store.apply_upsert(&items);
                 rows += items.len() as u64;
                 o = e;
@@ -267,7 +276,9 @@ pub(super) fn load_snapshot(path: &Path, hdr_expect: Option<(u32, u32)>, store: 
                 let next = (o + 1..b.len()).find(|&p| {
                     p + REC_HEADER <= b.len() && {
                         let len = get_u32(b, p) as usize;
-                        len >= 4 && len <= b.len() - p - REC_HEADER && crc32c_update(crc32c(&b[p..p + 4]), &b[p + REC_HEADER..p + REC_HEADER + len]) == get_u32(b, p + 4)
+                        len >= 4
+                            && len <= b.len() - p - REC_HEADER
+                            && crc32c_update(crc32c(&b[p..p + 4]), &b[p + REC_HEADER..p + REC_HEADER + len]) == get_u32(b, p + 4)
                     }
                 });
                 notes.push(format!("{}: damaged block at offset {o} ({m}); skipped {} bytes", path.display(), next.unwrap_or(b.len()) - o));

@@ -7,10 +7,8 @@ use std::time::Duration;
 /// a signal (EINTR) or the timeout; callers re-check their condition and their deadline, so a
 /// spurious return is harmless.
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `word` is a valid, aligned 32-bit atomic for the duration of the call (it lives in
     // a mapping the caller keeps alive); FUTEX_WAIT (without PRIVATE) works across processes on
     // shared mappings; the timespec is a valid relative timeout on our stack.
@@ -31,6 +29,14 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 pub fn wake(word: &AtomicU32, n: i32) {
     // SAFETY: as in `wait`; FUTEX_WAKE only reads the address as a key.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            n,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
     }
 }

@@ -356,7 +356,9 @@ impl Segment {
         if fd < 0 {
             let e = std::io::Error::last_os_error();
             return Err(match e.raw_os_error() {
-                Some(libc::ENOENT) => Error::new(Status::NotFound, format!("no Kalos store named {name:?} is being served ({sname} does not exist)")),
+                Some(libc::ENOENT) => {
+                    Error::new(Status::NotFound, format!("no Kalos store named {name:?} is being served ({sname} does not exist)"))
+                }
                 Some(libc::EACCES) => Error::new(Status::PermissionDenied, format!("shm_open {sname}: {e}")),
                 _ => Error::new(Status::Io, format!("shm_open {sname}: {e}")),
             });
@@ -383,16 +385,12 @@ impl Segment {
         if size < HEADER_BYTES {
             return Err(Error::new(Status::NotFound, format!("store {name:?} is starting (segment not sized yet)")));
         }
-        let seg = Self::map(fd, size, sname.clone(), Geometry {
-            slot_count: 0,
-            slot_data_bytes: 0,
-            dim: 0,
-            metric: 0,
-            dtype: 0,
-            max_k: 0,
-            max_payload: 0,
-            capacity: 0,
-        })?;
+        let seg = Self::map(
+            fd,
+            size,
+            sname.clone(),
+            Geometry { slot_count: 0, slot_data_bytes: 0, dim: 0, metric: 0, dtype: 0, max_k: 0, max_payload: 0, capacity: 0 },
+        )?;
         let h = seg.header();
         let magic = h.magic.load(Ordering::Acquire);
         if magic == 0 {

@@ -14,7 +14,15 @@ pub fn large_batches_are_copied_in_parts_and_checked(tag: &str, threads: usize) 
     let mut rng = rand::rngs::StdRng::seed_from_u64(s);
     let name = format!("rt-{tag}-{}", std::process::id());
     let dim = 64usize;
-    let o = Options { role: Role::Server, dim: dim as u32, metric: Metric::InnerProduct, slot_bytes: 4 << 20, slots: 2, capacity: 20_000, ..Options::default() };
+    let o = Options {
+        role: Role::Server,
+        dim: dim as u32,
+        metric: Metric::InnerProduct,
+        slot_bytes: 4 << 20,
+        slots: 2,
+        capacity: 20_000,
+        ..Options::default()
+    };
     let st = Kalos::open(&name, &o).unwrap();
     let n = 3000usize;
     let v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -40,7 +48,13 @@ pub fn large_batches_are_copied_in_parts_and_checked(tag: &str, threads: usize) 
     // of the last chunk; the very last value alone; in one chunk's last block and the next
     // chunk's first value)
     let last = (chunks - 1) * rows * dim;
-    for (early, late) in [(rows * dim + 5, nq * dim - 70), (100, last + 63), (last, last + 1), (nq * dim - 1, nq * dim - 1), (3 * rows * dim - 2, 3 * rows * dim)] {
+    for (early, late) in [
+        (rows * dim + 5, nq * dim - 70),
+        (100, last + 63),
+        (last, last + 1),
+        (nq * dim - 1, nq * dim - 1),
+        (3 * rows * dim - 2, 3 * rows * dim),
+    ] {
         let mut b = qs.clone();
         b[late] = f32::INFINITY;
         b[early] = f32::NAN;

@@ -64,7 +64,14 @@ fn report() -> Option<String> {
                 println!("gpus:     none");
             }
             for g in &d.gpus {
-                println!("gpu {}:    {} ({}, {} SMs, {:.1} GiB)", g.ordinal, g.name, g.arch(), g.sms, g.memory_bytes as f64 / (1u64 << 30) as f64);
+                println!(
+                    "gpu {}:    {} ({}, {} SMs, {:.1} GiB)",
+                    g.ordinal,
+                    g.name,
+                    g.arch(),
+                    g.sms,
+                    g.memory_bytes as f64 / (1u64 << 30) as f64
+                );
             }
             arch = d.gpus.first().map(|g| g.arch());
         }
@@ -78,9 +85,14 @@ fn report() -> Option<String> {
         ),
         Err(e) => println!("nvrtc:    {}", e.message),
     }
-    println!("cublas:   {}", if libraries_present() { "loadable" } else { "not all of libcuda, libnvrtc and libcublas load: the CUDA engine is unavailable" });
+    println!(
+        "cublas:   {}",
+        if libraries_present() { "loadable" } else { "not all of libcuda, libnvrtc and libcublas load: the CUDA engine is unavailable" }
+    );
     match shm_space() {
-        Some((total, free)) => println!("/dev/shm: {:.1} GiB, {:.1} GiB free", total as f64 / (1u64 << 30) as f64, free as f64 / (1u64 << 30) as f64),
+        Some((total, free)) => {
+            println!("/dev/shm: {:.1} GiB, {:.1} GiB free", total as f64 / (1u64 << 30) as f64, free as f64 / (1u64 << 30) as f64)
+        }
         None => println!("/dev/shm: not mounted"),
     }
     arch

@@ -160,7 +160,8 @@ fn synthetic(k: &Kalos, n: usize, dim: usize, seed: u64) -> Result<usize> {
 fn load(k: &Kalos, a: &Args, dim: usize) -> Result<usize> {
     if let Some(n) = a.get("--synthetic") {
         let n: usize = n.parse().unwrap_or_else(|_| usage("--synthetic expects a count"));
-        let seed = a.num("--seed", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
+        let seed =
+            a.num("--seed", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
         return synthetic(k, n, dim, seed);
     }
     let Some(vp) = a.get("--load") else { return Ok(0) };
@@ -252,7 +253,13 @@ fn serve(a: &Args) {
         }
     }
     let s = k.stats().unwrap_or_else(|e| fail(e));
-    println!("kalosd: serving {name:?} dim={dim} metric={} count={} engine={} pid={}", o.metric.name(), s.count, s.engine_name, std::process::id());
+    println!(
+        "kalosd: serving {name:?} dim={dim} metric={} count={} engine={} pid={}",
+        o.metric.name(),
+        s.count,
+        s.engine_name,
+        std::process::id()
+    );
     if !s.fallback_reason.is_empty() {
         eprintln!("kalosd: serving from the CPU engine: {}", s.fallback_reason);
     }
@@ -418,7 +425,10 @@ impl JP<'_> {
                 Err("unbalanced brackets".into())
             }
             _ => {
-                while self.i < self.b.len() && !matches!(self.b[self.i], b',' | b'}' | b']') && !(self.b[self.i] as char).is_ascii_whitespace() {
+                while self.i < self.b.len()
+                    && !matches!(self.b[self.i], b',' | b'}' | b']')
+                    && !(self.b[self.i] as char).is_ascii_whitespace()
+                {
                     self.i += 1;
                 }
                 Ok(())
@@ -553,7 +563,9 @@ fn read_payloads(path: &str, ids: &[u64]) -> Result<std::collections::HashMap<u6
                 ("payload", J::Raw(r)) => row.payload = Some(r.into_bytes()),
                 ("payload", J::Num(n)) => row.payload = Some(n.to_string().into_bytes()),
                 ("payload_b64", J::Str(s)) => row.payload = Some(b64_decode(&s).map_err(bad)?),
-                (k @ ("namespace" | "created_ms" | "expires_ms" | "payload_b64"), v) => return Err(bad(format!("bad value for {k}: {v:?}"))),
+                (k @ ("namespace" | "created_ms" | "expires_ms" | "payload_b64"), v) => {
+                    return Err(bad(format!("bad value for {k}: {v:?}")))
+                }
                 _ => {} // unknown keys are ignored (forward compatibility)
             }
         }
@@ -571,7 +583,10 @@ fn read_payloads(path: &str, ids: &[u64]) -> Result<std::collections::HashMap<u6
 fn read_u64s(path: &str, n: usize, what: &str) -> Result<Vec<u64>> {
     match npy::read(&PathBuf::from(path))? {
         npy::Npy { data: NpyData::U64(x), shape } if x.len() == n && shape.len() == 1 => Ok(x),
-        v => Err(Error::new(Status::InvalidArgument, format!("{path}: {what} must be {n} uint64/int64 values of shape ({n},), got shape {:?}", v.shape))),
+        v => Err(Error::new(
+            Status::InvalidArgument,
+            format!("{path}: {what} must be {n} uint64/int64 values of shape ({n},), got shape {:?}", v.shape),
+        )),
     }
 }
 
@@ -636,9 +651,13 @@ fn import(a: &Args) {
                 send(&[i], expires_of(i))?;
             }
             let count = k.stats()?.count;
-            return Ok(format!("imported {} rows into running store {name:?} ({skipped} skipped: already expired); it holds {count} rows", keep.len()));
+            return Ok(format!(
+                "imported {} rows into running store {name:?} ({skipped} skipped: already expired); it holds {count} rows",
+                keep.len()
+            ));
         }
-        let dir = PathBuf::from(a.get("--data-dir").unwrap_or_else(|| usage("import needs --data-dir DIR (offline) or --name NAME (online)")));
+        let dir =
+            PathBuf::from(a.get("--data-dir").unwrap_or_else(|| usage("import needs --data-dir DIR (offline) or --name NAME (online)")));
         let metric = match a.get("--metric") {
             Some(m) => Metric::parse(m)?,
             None => persist::dir_shape(&dir)?.map(|s| s.1).unwrap_or(Metric::Cosine),
@@ -694,7 +713,8 @@ fn export(a: &Args) {
     };
     let t0 = std::time::Instant::now();
     let run = || -> Result<String> {
-        let (dim, metric) = persist::dir_shape(&dir)?.ok_or_else(|| Error::new(Status::NotFound, format!("{} holds no Kalos data", dir.display())))?;
+        let (dim, metric) =
+            persist::dir_shape(&dir)?.ok_or_else(|| Error::new(Status::NotFound, format!("{} holds no Kalos data", dir.display())))?;
         let mut store = store::Store::new(dim, metric, u32::MAX as usize, u32::MAX as usize);
         let popts = persist::PersistOptions { sync: SyncPolicy::Always, sync_interval_ms: 100 };
         let (p, rec) = persist::Persist::open(&dir, dim, metric, &popts, &mut store)?;
@@ -774,7 +794,8 @@ mod tests {
     use super::*;
     #[test]
     fn json_and_base64() {
-        let o = parse_json_object(r#"{"id": 5, "payload": "a\"b\\n\u00e9\ud83c\udf75", "expires_ms": null, "x": [1, {"y": "}"}]}"#).unwrap();
+        let o =
+            parse_json_object(r#"{"id": 5, "payload": "a\"b\\n\u00e9\ud83c\udf75", "expires_ms": null, "x": [1, {"y": "}"}]}"#).unwrap();
         assert_eq!(o[0], ("id".into(), J::Num(5)));
         assert_eq!(o[1], ("payload".into(), J::Str("a\"b\\n\u{e9}\u{1F375}".into())));
         assert_eq!(o[2], ("expires_ms".into(), J::Null));

@@ -283,8 +283,16 @@ pub fn compile_cubin(name: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> 
         .collect::<std::result::Result<Vec<CString>, _>>()
         .map_err(|_| Error::new(Status::Internal, "an NVRTC option holds a NUL"))?;
     let popts: Vec<*const std::os::raw::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
-    let hsrc: Vec<CString> = HEADERS.iter().map(|h| CString::new(h.1)).collect::<std::result::Result<_, _>>().map_err(|_| Error::new(Status::Internal, "a kernel header holds a NUL"))?;
-    let hname: Vec<CString> = HEADERS.iter().map(|h| CString::new(h.0)).collect::<std::result::Result<_, _>>().map_err(|_| Error::new(Status::Internal, "a kernel header name holds a NUL"))?;
+    let hsrc: Vec<CString> = HEADERS
+        .iter()
+        .map(|h| CString::new(h.1))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| Error::new(Status::Internal, "a kernel header holds a NUL"))?;
+    let hname: Vec<CString> = HEADERS
+        .iter()
+        .map(|h| CString::new(h.0))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| Error::new(Status::Internal, "a kernel header name holds a NUL"))?;
     let phsrc: Vec<*const std::os::raw::c_char> = hsrc.iter().map(|c| c.as_ptr()).collect();
     let phname: Vec<*const std::os::raw::c_char> = hname.iter().map(|c| c.as_ptr()).collect();
     // SAFETY: NVRTC is loaded (checked above); every pointer passed is a live NUL-terminated
@@ -303,7 +311,10 @@ pub fn compile_cubin(name: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> 
         let log = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
         if r != nv::nvrtcResult::NVRTC_SUCCESS {
             nv::nvrtcDestroyProgram(&mut prog);
-            return Err(Error::new(Status::Cuda, format!("NVRTC failed to compile {name}.cu ({}): {r:?}\n{}", opts.join(" "), log_errors(&log))));
+            return Err(Error::new(
+                Status::Cuda,
+                format!("NVRTC failed to compile {name}.cu ({}): {r:?}\n{}", opts.join(" "), log_errors(&log)),
+            ));
         }
         let mut size = 0usize;
         let r = nv::nvrtcGetCUBINSize(prog, &mut size);

@@ -50,15 +50,20 @@ fn ckl(what: &str, r: lt::cublasStatus_t) -> Result<()> {
 /// # Safety
 /// `desc` must be a live descriptor and `T` the attribute's documented type.
 unsafe fn desc_set<T>(desc: lt::cublasLtMatmulDesc_t, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
-    ckl("cublasLtMatmulDescSetAttribute", lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()))
+    ckl(
+        "cublasLtMatmulDescSetAttribute",
+        lt::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()),
+    )
 }
 
 /// True when libcublasLt loads and has every symbol this module calls.
 pub(super) fn present() -> bool {
     // SAFETY: loading a shared library and looking symbols up runs no code of it but its
     // initialisers (the same library cuBLAS itself loads); a panic becomes `false`.
-    catch_unwind(|| unsafe { lt::is_culib_present() && SYMBOLS.iter().all(|s| lt::culib().get::<unsafe extern "C" fn()>(s.as_bytes()).is_ok()) })
-        .unwrap_or(false)
+    catch_unwind(|| unsafe {
+        lt::is_culib_present() && SYMBOLS.iter().all(|s| lt::culib().get::<unsafe extern "C" fn()>(s.as_bytes()).is_ok())
+    })
+    .unwrap_or(false)
 }
 
 /// Matrix layouts and the chosen algorithm of one GEMM shape.
@@ -98,15 +103,30 @@ pub(super) struct Lt {
 impl Lt {
     /// Sets up cuBLASLt for tables of `dp` halves a row. Call only after [`present`].
     pub fn new(dp: usize) -> Result<Lt> {
-        let mut l = Lt { h: std::ptr::null_mut(), desc: std::ptr::null_mut(), pref: std::ptr::null_mut(), ws: DevBuf::empty(), dp, shapes: HashMap::new(), tuned: Vec::new() };
+        let mut l = Lt {
+            h: std::ptr::null_mut(),
+            desc: std::ptr::null_mut(),
+            pref: std::ptr::null_mut(),
+            ws: DevBuf::empty(),
+            dp,
+            shapes: HashMap::new(),
+            tuned: Vec::new(),
+        };
         // SAFETY: plain cuBLASLt object creation; every pointer written is a field of `l`, whose
         // Drop releases what was created if a later step fails.
         unsafe {
             ckl("cublasLtCreate", lt::cublasLtCreate(&mut l.h))?;
-            ckl("cublasLtMatmulDescCreate", lt::cublasLtMatmulDescCreate(&mut l.desc, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType::CUDA_R_32F))?;
+            ckl(
+                "cublasLtMatmulDescCreate",
+                lt::cublasLtMatmulDescCreate(&mut l.desc, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType::CUDA_R_32F),
+            )?;
             desc_set(l.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?; // CUBLAS_OP_T
             desc_set(l.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?; // CUBLAS_OP_N
-            desc_set(l.desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS)?;
+            desc_set(
+                l.desc,
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                &lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+            )?;
             ckl("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut l.pref))?;
             let wsb = WORKSPACE as u64;
             ckl(
@@ -131,7 +151,18 @@ impl Lt {
     /// H200; at most MAX_TIMED shapes, later ones take the heuristic's choice) — the streams must
     /// be idle then.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm(&mut self, q16: u64, rows0: u64, bias: u64, out: u64, m: usize, ldm: usize, rows: usize, stream: sys::CUstream, tune: bool) -> Result<()> {
+    pub fn gemm(
+        &mut self,
+        q16: u64,
+        rows0: u64,
+        bias: u64,
+        out: u64,
+        m: usize,
+        ldm: usize,
+        rows: usize,
+        stream: sys::CUstream,
+        tune: bool,
+    ) -> Result<()> {
         let key = (m, ldm, rows);
         if !self.shapes.contains_key(&key) {
             if self.shapes.len() >= MAX_SHAPES {
@@ -146,7 +177,16 @@ impl Lt {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run(&self, s: &Shape, algo: &lt::cublasLtMatmulAlgo_t, q16: u64, rows0: u64, bias: u64, out: u64, stream: sys::CUstream) -> Result<()> {
+    fn run(
+        &self,
+        s: &Shape,
+        algo: &lt::cublasLtMatmulAlgo_t,
+        q16: u64,
+        rows0: u64,
+        bias: u64,
+        out: u64,
+        stream: sys::CUstream,
+    ) -> Result<()> {
         let (one, zero) = (1.0f32, 0.0f32);
         // SAFETY: the descriptor, layouts and workspace are this Lt's own; the caller passes
         // device buffers of the sizes `gemm` documents; the bias pointer attribute is read by
@@ -178,8 +218,25 @@ impl Lt {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn shape(&mut self, q16: u64, rows0: u64, bias: u64, out: u64, m: usize, ldm: usize, rows: usize, stream: sys::CUstream, tune: bool) -> Result<Shape> {
-        let mut s = Shape { a: std::ptr::null_mut(), b: std::ptr::null_mut(), d: std::ptr::null_mut(), algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] }, timed: false };
+    fn shape(
+        &mut self,
+        q16: u64,
+        rows0: u64,
+        bias: u64,
+        out: u64,
+        m: usize,
+        ldm: usize,
+        rows: usize,
+        stream: sys::CUstream,
+        tune: bool,
+    ) -> Result<Shape> {
+        let mut s = Shape {
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+            timed: false,
+        };
         let f16 = lt::cudaDataType::CUDA_R_16F;
         // SAFETY: layouts written into `s` (destroyed by its Drop on any error below); the
         // heuristic writes at most the 8 results asked for.
@@ -189,7 +246,10 @@ impl Lt {
             ckl("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut s.d, f16, m as u64, rows as u64, ldm as i64))?;
             let mut res: [lt::cublasLtMatmulHeuristicResult_t; 8] = std::mem::zeroed();
             let mut n = 0i32;
-            ckl("cublasLtMatmulAlgoGetHeuristic", lt::cublasLtMatmulAlgoGetHeuristic(self.h, self.desc, s.a, s.b, s.d, s.d, self.pref, 8, res.as_mut_ptr(), &mut n))?;
+            ckl(
+                "cublasLtMatmulAlgoGetHeuristic",
+                lt::cublasLtMatmulAlgoGetHeuristic(self.h, self.desc, s.a, s.b, s.d, s.d, self.pref, 8, res.as_mut_ptr(), &mut n),
+            )?;
             (res, n.clamp(0, 8) as usize)
         };
         if n == 0 {
@@ -215,7 +275,16 @@ impl Lt {
     /// Milliseconds of one GEMM with `algo` (after one untimed run), or infinity when that
     /// algorithm fails to run.
     #[allow(clippy::too_many_arguments)]
-    fn time(&self, s: &Shape, algo: &lt::cublasLtMatmulAlgo_t, q16: u64, rows0: u64, bias: u64, out: u64, stream: sys::CUstream) -> Result<f32> {
+    fn time(
+        &self,
+        s: &Shape,
+        algo: &lt::cublasLtMatmulAlgo_t,
+        q16: u64,
+        rows0: u64,
+        bias: u64,
+        out: u64,
+        stream: sys::CUstream,
+    ) -> Result<f32> {
         let mut ev: [sys::CUevent; 2] = [std::ptr::null_mut(); 2];
         // SAFETY: the events this call creates, all destroyed before it returns (whichever step
         // fails); the stream is the engine's own.
