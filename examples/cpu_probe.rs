@@ -1,6 +1,6 @@
 //! In-process probe of the CPU engine's split scan (no IPC): p50 of one single-query search on
 //! an `n x dim` f32 table for several thread counts, and the worker pool's fan-out alone (an
-//! empty job). A tuning aid for the engine choice (docs/benchmarks/gpu.md, "CPU engine on the
+//! empty job). A tuning aid for the engine choice (docs/history/gpu-sessions.md, "CPU engine on the
 //! host").
 //!   cargo run --release --example cpu_probe -- [n] [dim] [threads,...] [ip|l2]
 use std::time::{Duration, Instant};

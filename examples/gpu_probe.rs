@@ -1,6 +1,6 @@
 //! In-process probe of the CUDA engine's batched search (no IPC, no Python): engine time per
 //! batch of `nq` queries on an `n x dim` table for several batch settings, each compared with
-//! the first setting's answers. A tuning aid for the GPU machine (docs/benchmarks/gpu.md).
+//! the first setting's answers. A tuning aid for the GPU machine (docs/history/gpu-sessions.md).
 //!
 //!   cargo run --release --example gpu_probe -- [n] [dim] [f32|f16|bf16] [nq] [setting ...]
 //!

@@ -9,7 +9,6 @@
 //! `client_spin_ns = 0` still means "sleep at once".
 
 use std::cell::RefCell;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,68 +20,7 @@ use crate::shm::{self, futex, Segment};
 use crate::store::{Record, NEVER};
 use crate::types::*;
 
-/// Options for [`Kalos::open`]. `Options::default()` gives the documented defaults.
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub role: Role,
-    /// Vector dimension. Required to create a store; for a client, 0 accepts the server's and a
-    /// non-zero value must match it.
-    pub dim: u32,
-    pub metric: Metric,
-    pub dtype: Dtype,
-    pub backend: Backend,
-    /// Maximum number of memories (rows).
-    pub capacity: u64,
-    /// Request slots in the segment (concurrent requests in flight).
-    pub slots: u32,
-    /// Data bytes per slot: bounds one request/response (larger calls are split where possible).
-    pub slot_bytes: u32,
-    /// Permission bits of the segment (default 0o600).
-    pub mode: u32,
-    pub max_payload_bytes: u32,
-    /// Client busy-wait before sleeping on the futex (0 = sleep at once); stretched to twice the
-    /// handle's recent answer time, at most [`ADAPTIVE_SPIN_CAP`].
-    pub client_spin_ns: u64,
-    /// Server busy-poll window after its last request before it parks (0 = park at once).
-    pub server_spin_ns: u64,
-    /// Default deadline of every blocking call.
-    pub timeout_ms: u64,
-    /// A server whose heartbeat is older than this is treated as gone.
-    pub heartbeat_timeout_ms: u64,
-    pub data_dir: Option<PathBuf>,
-    pub sync: SyncPolicy,
-    pub sync_interval_ms: u64,
-    /// CPU engine threads (0 = all cores).
-    pub threads: u32,
-    /// GPU memory the CUDA engine may use for the table (0 = 90% of free memory).
-    pub gpu_memory_bytes: u64,
-}
-
-impl Default for Options {
-    fn default() -> Options {
-        Options {
-            role: Role::Auto,
-            dim: 0,
-            metric: Metric::Cosine,
-            dtype: Dtype::F32,
-            backend: Backend::Auto,
-            capacity: 1 << 20,
-            slots: 32,
-            slot_bytes: 1 << 20,
-            mode: 0o600,
-            max_payload_bytes: 64 * 1024,
-            client_spin_ns: 50_000,
-            server_spin_ns: 2_000_000,
-            timeout_ms: 5_000,
-            heartbeat_timeout_ms: 10_000,
-            data_dir: None,
-            sync: SyncPolicy::Always,
-            sync_interval_ms: 100,
-            threads: 0,
-            gpu_memory_bytes: 0,
-        }
-    }
-}
+pub use crate::config::{Options, ADAPTIVE_SPIN_CAP};
 
 /// Per-call recall options.
 #[derive(Debug, Clone, Default)]
@@ -154,10 +92,6 @@ pub struct Kalos {
     recent_ns: AtomicU64,
 }
 
-/// The longest a client spins (polling, yielding between polls) for an answer, however slow its
-/// recent answers were, before it sleeps on the futex.
-pub const ADAPTIVE_SPIN_CAP: Duration = Duration::from_micros(500);
-
 /// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
 fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
     if spin_ns == 0 {
@@ -176,7 +110,7 @@ thread_local! {
 /// for the GPU benchmarks, where a batch's client side was once mis-estimated). Read once.
 fn trace_batches() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KALOS_CLIENT_TRACE").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| crate::config::tuning_or_default().client_trace)
 }
 
 fn deadline_after(ms: u64) -> Instant {
@@ -187,6 +121,8 @@ impl Kalos {
     /// Opens the store `name` in the role `opts.role` (see [`Role`]).
     pub fn open(name: &str, opts: &Options) -> Result<Kalos> {
         validate_name(name)?;
+        // The environment's knobs are read here, once per process; a bad value fails the open.
+        crate::config::tuning()?;
         let deadline = deadline_after(opts.timeout_ms);
         loop {
             match opts.role {

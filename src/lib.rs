@@ -23,6 +23,8 @@ compile_error!("Kalos supports little-endian targets only");
 /// cbindgen:ignore
 pub mod client;
 /// cbindgen:ignore
+pub mod config;
+/// cbindgen:ignore
 pub mod engine;
 /// cbindgen:ignore
 pub mod error;

@@ -17,7 +17,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::client::Options;
+use crate::config::Options;
 use crate::engine::{self, cpu::CpuEngine, Engine, EngineKind};
 use crate::error::{Error, Result, Status};
 use crate::persist::{Persist, PersistOptions, WalOp};
@@ -95,10 +95,7 @@ pub fn resolve_backend(opt: Backend) -> Result<Backend> {
     if opt != Backend::Auto {
         return Ok(opt);
     }
-    match std::env::var("KALOS_BACKEND") {
-        Ok(s) => Backend::parse(&s),
-        Err(_) => Ok(Backend::Auto),
-    }
+    Ok(crate::config::tuning()?.backend.unwrap_or(Backend::Auto))
 }
 
 /// The engine for `backend`, and why the CUDA engine is not serving when `Auto` fell back to

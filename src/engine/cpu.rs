@@ -46,14 +46,14 @@
 //!   window (`server_spin_ns`) after each job, as the server thread does, then sleep, so an idle
 //!   server still uses no CPU. Fan-out to awake workers costs 0.5 µs (3 or 7 workers) to 2 µs
 //!   (14), so scans from 256 KiB of vectors up are split (a chunk of at least 64 KiB per
-//!   participant). Measured on the H200 host (16 cores; docs/benchmarks/gpu.md, sixth
+//!   participant). Measured on the H200 host (16 cores; docs/history/gpu-sessions.md, sixth
 //!   session, "CPU engine on the host"): 10k×128 in 233 µs on one thread, 22.5 µs on 15.
 //! - Smaller hosts (the 2-core reference VM): the workers sleep right after each job, and a
 //!   futex wake costs about as much as a spawn there (~45 µs ping-pong), so only tables above
 //!   8 MiB are split, where the scan is memory-bound and takes ≥ 0.3 ms (a 10k×128 table scans
 //!   in ~70 µs on one thread and took ~115 µs split in two).
 //!
-//! `KALOS_CPU_PARALLEL_MIN_BYTES` and `KALOS_CPU_SPIN_NS` override both choices (tuning).
+//! `KALOS_CPU_PARALLEL_MIN_BYTES` and `KALOS_CPU_SPIN_NS` override both choices (`crate::config`).
 //!
 //! All scratch (heaps, score buffers, row lists) lives in the engine and is reused; a search
 //! allocates nothing except the caller-facing result vectors on first use.
@@ -542,8 +542,6 @@ pub struct CpuEngine {
     spin: std::time::Duration,
     /// Started on the first split scan (`threads − 1` workers).
     pool: Option<Pool>,
-    /// Bind the pool's workers to CPUs (`KALOS_CPU_PIN=1`, tuning).
-    pin: bool,
     workers: Vec<Worker>,
     qnorms: Vec<f32>,
 }
@@ -575,24 +573,17 @@ impl CpuEngine {
     /// [`SPIN_MIN_CORES`] cores the workers stay awake for `spin_ns` after each scan (the
     /// server's own spin window), which lets tables from 256 KiB up be split across cores.
     pub fn for_server(threads: usize, spin_ns: u64) -> CpuEngine {
+        let tune = crate::config::tuning_or_default();
         let mut e = CpuEngine::new(threads);
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let spin_ns = std::env::var("KALOS_CPU_SPIN_NS").ok().and_then(|s| s.parse().ok()).unwrap_or(if cores >= SPIN_MIN_CORES {
-            spin_ns
-        } else {
-            0
-        });
+        let spin_ns = tune.cpu_spin_ns.unwrap_or(if cores >= SPIN_MIN_CORES { spin_ns } else { 0 });
         e.spin = std::time::Duration::from_nanos(spin_ns);
-        // Off by default: on the H200 host pinning changed nothing (10k x 128 split scan, server
-        // p50 28.4 µs pinned, 28.0 unpinned) and a pinned worker cannot dodge a busy core.
-        e.pin = std::env::var("KALOS_CPU_PIN").is_ok_and(|v| v == "1");
-        // Tuning knobs (environment only).
-        let env_threads = std::env::var("KALOS_CPU_THREADS").ok().and_then(|s| s.parse::<usize>().ok()).filter(|&t| t > 0);
+        let env_threads = tune.cpu_threads;
         if let Some(t) = env_threads {
             e.threads = t;
         }
-        if let Ok(isa) = std::env::var("KALOS_CPU_SCAN_ISA") {
-            let want = match isa.as_str() {
+        if let Some(isa) = tune.cpu_scan_isa.as_deref() {
+            let want = match isa {
                 "avx512" => Isa::Avx512,
                 "avx2" => Isa::Avx2,
                 _ => Isa::Scalar,
@@ -607,7 +598,7 @@ impl CpuEngine {
                 // a spinning client for the last one.
                 e.threads = cores.saturating_sub(1).max(1);
             }
-            if std::env::var_os("KALOS_CPU_PARALLEL_MIN_BYTES").is_none() {
+            if tune.cpu_parallel_min_bytes.is_none() {
                 e.par_min_bytes = SPIN_PARALLEL_MIN_BYTES;
             }
         }
@@ -627,8 +618,7 @@ impl CpuEngine {
         // 512-bit ops as two 256-bit halves anyway. In cache both are equal. AVX-512 keeps the
         // batched tile kernel, where its 32 registers allow the 4×4 tile.
         let scan_isa = if isa == Isa::Avx512 && avail.contains(&Isa::Avx2) { Isa::Avx2 } else { isa };
-        let par_min_bytes =
-            std::env::var("KALOS_CPU_PARALLEL_MIN_BYTES").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
+        let par_min_bytes = crate::config::tuning_or_default().cpu_parallel_min_bytes.unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
         CpuEngine {
             threads,
             isa,
@@ -636,7 +626,6 @@ impl CpuEngine {
             par_min_bytes,
             spin: std::time::Duration::ZERO,
             pool: None,
-            pin: false,
             workers: Vec::new(),
             qnorms: Vec::new(),
         }
@@ -896,8 +885,8 @@ impl Engine for CpuEngine {
                     run(c);
                 }
             };
-            let (spin, workers, pin) = (self.spin, self.threads - 1, self.pin);
-            let pool = self.pool.get_or_insert_with(|| Pool::new(workers, spin, pin));
+            let (spin, workers) = (self.spin, self.threads - 1);
+            let pool = self.pool.get_or_insert_with(|| Pool::new(workers, spin));
             pool.run(&work);
             let (first, rest) = self.workers[..t].split_first_mut().unwrap();
             for w in rest.iter() {

@@ -35,14 +35,14 @@ use compile::{
 
 use super::cpu::CpuEngine;
 use super::{Engine, EngineKind};
-use crate::client::Options;
+use crate::config::Options;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
 use crate::types::{DirectOut, Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES};
 
 const NONE_U32: u32 = u32::MAX;
 /// Bytes of GEMM score tile per batch step; `KALOS_TILE_MB` overrides (tuning). 96 MB beat 24
-/// and 48 MB on the H200 (docs/benchmarks/gpu.md): larger GEMMs run faster than the L2 reuse
+/// and 48 MB on the H200 (docs/history/gpu-sessions.md): larger GEMMs run faster than the L2 reuse
 /// of a smaller tile saves.
 const SCORE_TILE_BYTES: usize = 96 << 20;
 /// The same for f16 score tiles, counted as f32 (the tile itself is half this; two of them when
@@ -58,27 +58,30 @@ const CAND_BYTES: usize = 256 << 20;
 /// It was off in the eighth session after intermittent CUDA_ERROR_ILLEGAL_INSTRUCTION in the
 /// score16 suite: every thread read the query's bound from global memory while other blocks
 /// raised it, so warps could disagree on whether to cruise and take different numbers of
-/// barriers; the bound is now read once per block (docs/benchmarks/gpu.md, ninth session).
+/// barriers; the bound is now read once per block (docs/history/gpu-sessions.md, ninth session).
 pub const FILTER_SEG: u32 = 16;
-/// Fewest rows per single-query block (`KALOS_MIN_ROWS` overrides): small tables get more,
+/// Single-query blocks per SM for large tables: 1M x 768 f16 went from 475 to 407 us on the H200
+/// with 3 instead of 2.
+const GRID_PER_SM: usize = 3;
+/// Fewest rows per single-query block: small tables get more,
 /// smaller blocks, each scanning its rows in one or two rounds of loads and selecting by rank
 /// (64 beat 256 and 32 for 10k x 128 on the H200: GPU round trip 19.7 against 23.2 and 20.8 us).
 const MIN_ROWS: usize = 64;
 /// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.
-/// Measured on the H200 machine against the SIMD CPU engine (docs/benchmarks/gpu.md, commit
+/// Measured on the H200 machine against the SIMD CPU engine (docs/history/gpu-sessions.md, commit
 /// 771b4ca, client p50 at dim 128): 256 rows CPU 9.8 µs / GPU 27.7 µs, 2048 rows 41.8 / 28.3 µs,
 /// so the two meet near 1,250 rows × 128 dims (160 k values). Override with `KALOS_GPU_MIN_WORK`.
 pub(crate) const DEFAULT_GPU_MIN_WORK: usize = 160 * 1024;
 /// Bytes of f32 vectors per participant of an awake CPU split scan up to which a single query
 /// stays on the CPU engine (hosts of >= 8 cores, see `CpuEngine::for_server`). Measured on the
-/// H200 host (16 cores, 15 participants; docs/benchmarks/gpu.md, "CPU engine on the host"),
+/// H200 host (16 cores, 15 participants; docs/history/gpu-sessions.md, "CPU engine on the host"),
 /// client p50 CPU / GPU: 2k rows × 128 f32 19.3 / 21.0 µs, 4k 22.1 / 21.1, 8k 26.6 / 18.7, so
 /// they meet near 4k rows × 128 (2 MiB, ~128 KiB a participant).
 /// `KALOS_GPU_MIN_SPLIT_BYTES` overrides it (0: the pool never takes a GPU-sized table).
 const CPU_SPLIT_BYTES_PER_THREAD: usize = 128 << 10;
 /// Score tile bytes (counted as f32, as SCORE16_TILE_BYTES) of a gated batch: 131072 rows for
 /// 1024 queries. On the H200 (1024 x 1M x 768 f16, gated GEMMs + scans pipelined): 2.76 ms at
-/// 131072 rows a tile, 2.94 at 98304, 3.08 at 65536 (docs/benchmarks/gpu.md, eleventh session).
+/// 131072 rows a tile, 2.94 at 98304, 3.08 at 65536 (docs/history/gpu-sessions.md, eleventh session).
 const GATE_TILE_BYTES: usize = 512 << 20;
 /// Candidates a query's buffer holds in a gated batch: the first tile's cut (up to 2k) and
 /// every later row above the query's bound (about k per tile of the first tile's size on
@@ -264,8 +267,7 @@ struct Graph {
 /// Largest params + query block passed by value by default (dims up to 352 in f32 layout).
 const BYVAL_MAX_BYTES: usize = 2048;
 
-/// How a single query reaches the GPU (`KALOS_SQ_MODE=value|copy`, a tuning knob; see
-/// docs/GPU.md).
+/// How a single query reaches the GPU (docs/GPU.md, "Launch").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SqMode {
     /// A one-node graph whose kernel takes params + query by value; each request updates the
@@ -274,9 +276,6 @@ enum SqMode {
     /// A graph of two nodes: a copy of params + query from pinned memory, then the kernel
     /// (larger dims).
     Copy,
-    /// No graph: `cuLaunchKernel` of the by-value kernel per request (a comparison point for
-    /// the graph's cost; `KALOS_SQ_MODE=launch`).
-    Launch,
 }
 
 impl Drop for Graph {
@@ -353,7 +352,7 @@ pub fn probe() -> Result<(i32, i32, String)> {
 }
 
 fn work_threshold() -> usize {
-    std::env::var("KALOS_GPU_MIN_WORK").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_GPU_MIN_WORK)
+    crate::config::tuning_or_default().gpu_min_work.unwrap_or(DEFAULT_GPU_MIN_WORK)
 }
 
 /// Largest table (bytes of f32 vectors) whose single queries the hybrid engine leaves to an
@@ -363,7 +362,7 @@ fn split_threshold(participants: usize) -> usize {
     if participants < 2 {
         return 0;
     }
-    let per = std::env::var("KALOS_GPU_MIN_SPLIT_BYTES").ok().and_then(|s| s.parse().ok()).unwrap_or(CPU_SPLIT_BYTES_PER_THREAD);
+    let per = crate::config::tuning_or_default().gpu_min_split_bytes.unwrap_or(CPU_SPLIT_BYTES_PER_THREAD);
     per.saturating_mul(participants)
 }
 
@@ -594,8 +593,7 @@ pub struct CudaEngine {
     fault_after: Option<u64>,
     searches: u64,
     /// Single-query grid: blocks per SM for large tables, fewest rows per block for small ones
-    /// (KALOS_GRID_PER_SM, KALOS_MIN_ROWS: tuning knobs). Defaults 3 and 256 from the H200
-    /// sweep (docs/benchmarks/gpu.md): 1M x 768 f16 went from 475 to 407 us (2 -> 3 per SM).
+    /// (GRID_PER_SM, MIN_ROWS).
     grid_per_sm: usize,
     min_rows: usize,
     /// The clients' slots (host address, length), registered with CUDA and mapped at
@@ -717,10 +715,11 @@ impl CudaEngine {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::new(Status::Cuda, format!("{e:?}")))? as usize;
+        let tune = crate::config::tuning_or_default();
         let dim = store.dim();
         let dtype = opts.dtype;
         let metric = store.metric();
-        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: std::env::var_os("KALOS_PROF").is_some() };
+        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: tune.prof };
         let prof = spec.prof;
         let geo = compile::Geometry::of(dim, dtype);
         let dp = geo.dp;
@@ -752,13 +751,7 @@ impl CudaEngine {
         let f_scan_c = f_scan_v.map(|_| getf(SCAN, "scan_topk_c")).transpose()?;
         // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
         // round trip was 1.3-2.9 us shorter on the H200 (three runs); at 128 dims they tie.
-        let sq_mode = match (std::env::var("KALOS_SQ_MODE").as_deref(), f_scan_v) {
-            (_, None) | (Ok("copy"), _) => SqMode::Copy,
-            (Ok("value"), _) => SqMode::Graph,
-            (Ok("launch"), _) => SqMode::Launch,
-            _ if PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES => SqMode::Copy,
-            _ => SqMode::Graph,
-        };
+        let sq_mode = if f_scan_v.is_none() || PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
         let f_filter = getf(BATCH, "batch_filter")?;
         let f_filter_h = getf(BATCH, "batch_filter_h")?;
         let f_tighten = getf(BATCH, "batch_tighten")?;
@@ -808,7 +801,6 @@ impl CudaEngine {
         let stage_rows = ((16usize << 20) / (dim * 4 + 48)).max(1);
         let stage_bytes = stage_rows * (dim * 4 + 48) + 1024;
         let cpu = CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns);
-        let tile_mb = std::env::var("KALOS_TILE_MB").ok().and_then(|v| v.parse::<usize>().ok());
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
             _modules: modules.clone(),
@@ -821,7 +813,7 @@ impl CudaEngine {
             f_filter_h,
             // f16 storage only: cuBLAS has no bf16 x bf16 -> f16 GEMM (with bf16 storage it
             // failed the batch on the H200, and the engine fell back to the CPU).
-            score16: dtype == Dtype::F16 && !std::env::var("KALOS_SCORE16").is_ok_and(|v| v == "0"),
+            score16: dtype == Dtype::F16,
             tile16: false,
             score16_overflows: 0,
             f_tighten,
@@ -829,24 +821,24 @@ impl CudaEngine {
             f_gate_bias,
             f_gate_scan,
             lt: None,
-            gate_off: std::env::var("KALOS_GATE").is_ok_and(|v| v == "0").then(|| "KALOS_GATE=0".to_string()),
+            gate_off: None,
             gated_batches: 0,
-            gate_first: std::env::var("KALOS_GATE_FIRST").ok().and_then(|v| v.parse::<usize>().ok()),
+            gate_first: None,
             gating: false,
-            gate_tile_bytes: tile_mb.map_or(GATE_TILE_BYTES, tile_mb_bytes),
-            tile_bytes: tile_mb.map_or(SCORE_TILE_BYTES, tile_mb_bytes),
-            tile16_bytes: tile_mb.map_or(SCORE16_TILE_BYTES, tile_mb_bytes),
+            gate_tile_bytes: GATE_TILE_BYTES,
+            tile_bytes: SCORE_TILE_BYTES,
+            tile16_bytes: SCORE16_TILE_BYTES,
             fstep,
-            batch_profile: std::env::var_os("KALOS_BATCH_PROFILE").is_some(),
+            batch_profile: false,
             f_scatter,
             f_convq,
             f_checkq,
             stream,
             fstream,
             ev,
-            pipe: !std::env::var("KALOS_BATCH_PIPE").is_ok_and(|v| v == "0"),
-            filter_seg: std::env::var("KALOS_FILTER_SEG").ok().and_then(|v| v.parse().ok()).unwrap_or(FILTER_SEG),
-            gemm_sms: std::env::var("KALOS_GEMM_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(sms).min(sms),
+            pipe: true,
+            filter_seg: FILTER_SEG,
+            gemm_sms: sms,
             sm_target: 0,
             blas,
             cc: (cc.0, cc.1),
@@ -891,13 +883,13 @@ impl CudaEngine {
             cpu,
             last_cpu: false,
             failed: None,
-            fault_after: std::env::var("KALOS_CUDA_FAULT_AFTER").ok().and_then(|v| v.parse().ok()),
+            fault_after: tune.cuda_fault_after,
             searches: 0,
-            grid_per_sm: std::env::var("KALOS_GRID_PER_SM").ok().and_then(|v| v.parse().ok()).unwrap_or(3).clamp(1, 8),
-            min_rows: std::env::var("KALOS_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MIN_ROWS).clamp(16, CHUNK),
+            grid_per_sm: GRID_PER_SM,
+            min_rows: MIN_ROWS,
             slots: (0, 0),
             slots_dev: 0,
-            slot_dma: !std::env::var("KALOS_SLOT_DMA").is_ok_and(|v| v == "0"),
+            slot_dma: true,
             slot_batches: 0,
             staging: (0, 0),
             direct_writes: 0,
@@ -1203,7 +1195,7 @@ impl CudaEngine {
         // Graph mode sends the compact argument when the filter fits it.
         let pc = if self.sq_mode == SqMode::Graph && self.f_scan_c.is_some() { ParamsC::of(&p) } else { None };
         let key = (grid, pc.is_some());
-        if self.sq_mode != SqMode::Launch && self.graphs.get(&key).is_none_or(|(g, _)| *g != self.gen) {
+        if self.graphs.get(&key).is_none_or(|(g, _)| *g != self.gen) {
             self.graphs.remove(&key);
             let g = self.build_graph(grid, key.1)?;
             self.graphs.insert(key, (self.gen, g));
@@ -1227,14 +1219,6 @@ impl CudaEngine {
             SqMode::Copy => {
                 let exec = self.graphs.get(&key).unwrap().1.exec;
                 ck("graph launch", unsafe { sys::cuGraphLaunch(exec, self.stream) })?;
-            }
-            SqMode::Launch => {
-                let f = self.f_scan_v.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
-                // SAFETY: args points at live locals holding the kernel's arguments (as for the
-                // graph node); the launch copies them before it returns.
-                ck("launch scan_topk_v", unsafe {
-                    sys::cuLaunchKernel(f, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
-                })?;
             }
         }
         let t_api = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
@@ -1525,7 +1509,7 @@ impl CudaEngine {
         // tiles of `tile` rows. Rows passing a bound: about k * (n - first) / first a query on
         // random data.
         // Default n * k / 160 rows (~160 rows passing a query's bound on random data); 65536 at
-        // 1M rows and k = 10, the best of 16k-131k rows on the H200 (docs/benchmarks/gpu.md).
+        // 1M rows and k = 10, the best of 16k-131k rows on the H200 (docs/history/gpu-sessions.md).
         let first = if gated { self.gate_first.unwrap_or(n * k / 160).clamp(GATE_FIRST_MIN.min(tile), tile) / fstep * fstep } else { tile };
         let tiles: Vec<(usize, usize)> = if gated {
             std::iter::once((0, first)).chain((first..n).step_by(tile).map(|r0| (r0, (n - r0).min(tile)))).collect()
@@ -1542,7 +1526,7 @@ impl CudaEngine {
         // Pipelined: the GEMM of tile t+1 (stream) runs while tile t is filtered (fstream),
         // into the other of two score tiles. f16 tiles only: with f32 tiles it was slower on the
         // H200 (1024 x 1M x 768 f16 storage, engine p50 6.04 -> 6.45 ms; with f16 tiles 5.03 ->
-        // 4.77 ms; docs/benchmarks/gpu.md, seventh session).
+        // 4.77 ms; docs/history/gpu-sessions.md, seventh session).
         let pipe = self.pipe && self.tile16 && ntiles > 1;
         // Gated tiles hold align_up(m, 8) scores a row.
         self.ensure_batch(if gated { align_up(nqt, 8) } else { nqt }, k, tile, cap, pipe)?;
@@ -1951,7 +1935,7 @@ impl CudaEngine {
 
 impl Drop for CudaEngine {
     fn drop(&mut self) {
-        if !self.rtt.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
+        if !self.rtt.is_empty() && crate::config::tuning_or_default().cuda_report {
             let mut v = self.rtt.clone();
             v.sort_unstable();
             let mut a = self.rtt_api.clone();
@@ -1968,7 +1952,7 @@ impl Drop for CudaEngine {
                 self.direct_writes
             );
         }
-        if !self.batch_times.is_empty() && std::env::var_os("KALOS_CUDA_REPORT").is_some() {
+        if !self.batch_times.is_empty() && crate::config::tuning_or_default().cuda_report {
             // Per batch size: a benchmark's 1024-query batches and its small recall checks apart.
             let mut sizes: Vec<usize> = self.batch_times.iter().map(|&(nq, _)| nq).collect();
             sizes.sort_unstable();
@@ -2065,7 +2049,7 @@ impl Engine for CudaEngine {
         self.guarded("reserve", |e| e.ensure_capacity(rows))
     }
     fn attach_slots(&mut self, base: *mut u8, len: usize) -> bool {
-        if self.slots_dev != 0 || base.is_null() || len == 0 || std::env::var("KALOS_DIRECT").is_ok_and(|v| v == "0") {
+        if self.slots_dev != 0 || base.is_null() || len == 0 {
             return self.slots_dev != 0;
         }
         let r = catch_unwind(AssertUnwindSafe(|| {
@@ -2091,7 +2075,7 @@ impl Engine for CudaEngine {
         self.slots_dev != 0
     }
     fn attach_staging(&mut self, base: *mut u8, len: usize) -> bool {
-        if self.staging.0 != 0 || base.is_null() || len == 0 || std::env::var("KALOS_STAGE_DIRECT").is_ok_and(|v| v == "0") {
+        if self.staging.0 != 0 || base.is_null() || len == 0 {
             return self.staging.0 != 0;
         }
         let ok = catch_unwind(AssertUnwindSafe(|| {

@@ -68,12 +68,8 @@ pub struct Pool {
 
 impl Pool {
     /// Starts `workers` threads (named `kalos-cpu-N`) that busy-poll for `spin` after each job.
-    /// A thread that cannot be started is left out (the pool is smaller, never broken). With
-    /// `pin`, and when the calling thread may run on more CPUs than there are workers, worker
-    /// `i` is bound to the `i`-th of those CPUs counted from the last (the first ones stay free
-    /// for the caller and the clients). A tuning aid: on the H200 host it changed nothing.
-    pub fn new(workers: usize, spin: Duration, pin: bool) -> Pool {
-        let cpus = if pin { allowed_cpus() } else { Vec::new() };
+    /// A thread that cannot be started is left out (the pool is smaller, never broken).
+    pub fn new(workers: usize, spin: Duration) -> Pool {
         let shared = Arc::new(Shared {
             epoch: AtomicU32::new(0),
             state: AtomicU64::new(CLOSED),
@@ -86,13 +82,7 @@ impl Pool {
         let mut handles = Vec::with_capacity(workers);
         for i in 1..=workers {
             let sh = Arc::clone(&shared);
-            let cpu = if cpus.len() > workers { Some(cpus[cpus.len() - i]) } else { None };
-            match std::thread::Builder::new().name(format!("kalos-cpu-{i}")).spawn(move || {
-                if let Some(c) = cpu {
-                    pin_to(c);
-                }
-                worker(&sh, i)
-            }) {
+            match std::thread::Builder::new().name(format!("kalos-cpu-{i}")).spawn(move || worker(&sh, i)) {
                 Ok(h) => handles.push(h),
                 Err(_) => break,
             }
@@ -148,28 +138,6 @@ impl Pool {
         if sh.panicked.swap(false, Ordering::AcqRel) {
             panic!("a CPU engine worker thread panicked during a scan");
         }
-    }
-}
-
-/// CPUs the calling thread may run on (empty if unknown).
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size into it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-    }
-}
-
-/// Binds the calling thread to one CPU (best effort: a refusal leaves it unbound).
-fn pin_to(cpu: usize) {
-    // SAFETY: as above; sched_setaffinity(0) affects the calling thread only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
@@ -261,7 +229,7 @@ mod tests {
     #[test]
     fn every_piece_is_done_once_spinning_or_sleeping() {
         for spin in [Duration::ZERO, Duration::from_millis(5)] {
-            let mut p = Pool::new(3, spin, false);
+            let mut p = Pool::new(3, spin);
             assert_eq!(p.workers(), 3);
             for round in 0..2000 {
                 let n = 1 + round % 97;
@@ -274,7 +242,7 @@ mod tests {
 
     #[test]
     fn borrows_of_the_callers_stack_are_safe_and_workers_join() {
-        let mut p = Pool::new(2, Duration::from_millis(50), false);
+        let mut p = Pool::new(2, Duration::from_millis(50));
         let mut joined = 0;
         for _ in 0..200 {
             let v: Vec<u64> = (0..1000).collect();
@@ -301,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_worker_panic_reaches_the_caller_and_the_pool_keeps_working() {
-        let mut p = Pool::new(2, Duration::from_millis(50), false);
+        let mut p = Pool::new(2, Duration::from_millis(50));
         let mut caught = 0;
         for _ in 0..200 {
             let r = catch_unwind(AssertUnwindSafe(|| {
@@ -321,7 +289,7 @@ mod tests {
 
     #[test]
     fn drop_joins_sleeping_workers() {
-        let p = Pool::new(4, Duration::ZERO, true);
+        let p = Pool::new(4, Duration::ZERO);
         std::thread::sleep(Duration::from_millis(20));
         drop(p);
     }

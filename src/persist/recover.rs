@@ -157,7 +157,7 @@ impl Persist {
         }
         rec.expired = store.purge_expired(now_unix_ms()).len() as u64;
         store.take_dirty();
-        let compact_min = std::env::var("KALOS_COMPACT_MIN_BYTES").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_COMPACT_MIN_BYTES);
+        let compact_min = crate::config::tuning_or_default().compact_min_bytes.unwrap_or(DEFAULT_COMPACT_MIN_BYTES);
         rec.elapsed_ms = t0.elapsed().as_millis() as u64;
         let p = Persist {
             dir: dir.to_path_buf(),

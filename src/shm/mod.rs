@@ -517,7 +517,7 @@ impl Segment {
     /// the call), which take chunks of `COPY_CHUNK` values from a shared counter: on the H200's
     /// host a spawned thread may start copying only ~0.2 ms after it was started, so fixed parts
     /// left the caller waiting for the slowest starter; with chunks the threads already running
-    /// take the work of those not yet running (docs/benchmarks/gpu.md, tenth session).
+    /// take the work of those not yet running (docs/history/gpu-sessions.md, tenth session).
     /// Returns the index of the first non-finite value; the slot then holds a partial copy,
     /// which the caller must not submit. Panics if it would overflow.
     pub fn write_finite_f32(&self, i: usize, offset: usize, src: &[f32]) -> std::result::Result<(), usize> {
@@ -613,10 +613,7 @@ fn copy_threads() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        match std::env::var("KALOS_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
-            Some(n) => n.clamp(1, 16),
-            None => (cpus / 2).clamp(1, 8),
-        }
+        crate::config::tuning_or_default().copy_threads.unwrap_or((cpus / 2).clamp(1, 8))
     })
 }
 
@@ -716,7 +713,7 @@ unsafe fn copy_finite_sse<const NT: bool>(dst: usize, src: &[f32]) -> Option<usi
 #[cfg(target_arch = "x86_64")]
 fn copy_nt() -> bool {
     static NT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *NT.get_or_init(|| !std::env::var("KALOS_COPY_NT").is_ok_and(|v| v == "0"))
+    *NT.get_or_init(|| crate::config::tuning_or_default().copy_streaming)
 }
 
 #[cfg(test)]

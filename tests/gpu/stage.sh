@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the H200 machine needs and stages it in .gpu/ (git-ignored), which the device
 # tool carries over: libkalos.so, the C harness, the GPU scripts and the Python package.
-# Then, on the device:  bash .gpu/run.sh [correctness|bench|harness]...   or  bash .gpu/tune.sh
+# Then, on the device:  bash .gpu/run.sh [correctness|bench|harness]...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T="${CARGO_TARGET_DIR:-target}"

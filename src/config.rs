@@ -1,0 +1,260 @@
+//! Settings, at the bottom of the crate: [`Options`], the public settings of one open (from the
+//! C struct `kalos_options` and the bindings), and [`Tuning`], the internal knobs that come from
+//! the environment. The environment is read once, on the first open of the process, into one
+//! [`Tuning`]; nothing else in the crate reads `KALOS_*` variables.
+//!
+//! | variable | default | effect |
+//! |---|---|---|
+//! | `KALOS_BACKEND` | unset | engine when the options say auto: `cpu`, `cuda` (or `gpu`) or `auto` |
+//! | `KALOS_CPU_THREADS` | `Options::threads` | CPU engine threads (positive) |
+//! | `KALOS_CPU_SCAN_ISA` | best available | CPU scan kernel: `scalar`, `avx2` or `avx512` (falls back to what the CPU has) |
+//! | `KALOS_CPU_PARALLEL_MIN_BYTES` | 8 MiB (256 KiB on hosts of 8+ cores) | smallest table whose scan is split across threads |
+//! | `KALOS_CPU_SPIN_NS` | the server's spin window on hosts of 8+ cores, else 0 | how long CPU workers stay awake after a request |
+//! | `KALOS_GPU_MIN_WORK` | 163840 | rows × dim × queries under which backend auto answers on the CPU |
+//! | `KALOS_GPU_MIN_SPLIT_BYTES` | 131072 | bytes of vectors per awake CPU worker under which single queries stay on the CPU |
+//! | `KALOS_COMPACT_MIN_BYTES` | 67108864 | write-ahead log size from which a snapshot is considered |
+//! | `KALOS_COPY_THREADS` | half the CPUs, 1..8 | client threads for a large batch's copy into its slot (1..16) |
+//! | `KALOS_COPY_NT` | `1` | `0`: plain stores in that copy instead of streaming stores |
+//! | `KALOS_CLIENT_TRACE` | `0` | `1`: each batch call prints its copy, wait, read and parse times to stderr |
+//! | `KALOS_CUDA_REPORT` | `0` | `1`: the CUDA engine prints its round-trip and batch times when it closes |
+//! | `KALOS_PROF` | `0` | `1`: the single-query kernel records phase timestamps, printed at close |
+//! | `KALOS_CUDA_FAULT_AFTER` | unset | test hook: the CUDA engine fails every search after the first n |
+//!
+//! A value that does not parse fails the open with `INVALID_ARGUMENT` naming the variable.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result, Status};
+use crate::types::{Backend, Dtype, Metric, Role, SyncPolicy};
+
+/// Client busy-wait cap: see [`Options::client_spin_ns`].
+pub const ADAPTIVE_SPIN_CAP: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Options for [`crate::Kalos::open`]. `Options::default()` gives the documented defaults.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub role: Role,
+    /// Vector dimension. Required to create a store; for a client, 0 accepts the server's and a
+    /// non-zero value must match it.
+    pub dim: u32,
+    pub metric: Metric,
+    pub dtype: Dtype,
+    pub backend: Backend,
+    /// Maximum number of memories (rows).
+    pub capacity: u64,
+    /// Request slots in the segment (concurrent requests in flight).
+    pub slots: u32,
+    /// Data bytes per slot: bounds one request/response (larger calls are split where possible).
+    pub slot_bytes: u32,
+    /// Permission bits of the segment (default 0o600).
+    pub mode: u32,
+    pub max_payload_bytes: u32,
+    /// Client busy-wait before sleeping on the futex (0 = sleep at once); stretched to twice the
+    /// handle's recent answer time, at most [`ADAPTIVE_SPIN_CAP`].
+    pub client_spin_ns: u64,
+    /// Server busy-poll window after its last request before it parks (0 = park at once).
+    pub server_spin_ns: u64,
+    /// Default deadline of every blocking call.
+    pub timeout_ms: u64,
+    /// A server whose heartbeat is older than this is treated as gone.
+    pub heartbeat_timeout_ms: u64,
+    pub data_dir: Option<PathBuf>,
+    pub sync: SyncPolicy,
+    pub sync_interval_ms: u64,
+    /// CPU engine threads (0 = all cores).
+    pub threads: u32,
+    /// GPU memory the CUDA engine may use for the table (0 = 90% of free memory).
+    pub gpu_memory_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            role: Role::Auto,
+            dim: 0,
+            metric: Metric::Cosine,
+            dtype: Dtype::F32,
+            backend: Backend::Auto,
+            capacity: 1 << 20,
+            slots: 32,
+            slot_bytes: 1 << 20,
+            mode: 0o600,
+            max_payload_bytes: 64 * 1024,
+            client_spin_ns: 50_000,
+            server_spin_ns: 2_000_000,
+            timeout_ms: 5_000,
+            heartbeat_timeout_ms: 10_000,
+            data_dir: None,
+            sync: SyncPolicy::Always,
+            sync_interval_ms: 100,
+            threads: 0,
+            gpu_memory_bytes: 0,
+        }
+    }
+}
+
+/// The internal knobs (see the module's table). `None` / `false` means "the built-in default".
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tuning {
+    pub backend: Option<Backend>,
+    pub cpu_threads: Option<usize>,
+    pub cpu_scan_isa: Option<String>,
+    pub cpu_parallel_min_bytes: Option<usize>,
+    pub cpu_spin_ns: Option<u64>,
+    pub gpu_min_work: Option<usize>,
+    pub gpu_min_split_bytes: Option<usize>,
+    pub compact_min_bytes: Option<u64>,
+    pub copy_threads: Option<usize>,
+    pub copy_streaming: bool,
+    pub client_trace: bool,
+    pub cuda_report: bool,
+    pub prof: bool,
+    pub cuda_fault_after: Option<u64>,
+}
+
+impl Tuning {
+    /// Every knob from `var` (the environment, or a map in tests).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Tuning> {
+        fn num<T: std::str::FromStr>(var: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<T>> {
+            match var(name) {
+                None => Ok(None),
+                Some(s) => s.trim().parse().map(Some).map_err(|_| bad(name, &s, "a non-negative integer")),
+            }
+        }
+        fn flag(var: &impl Fn(&str) -> Option<String>, name: &str, default: bool) -> Result<bool> {
+            match var(name).as_deref().map(str::trim) {
+                None => Ok(default),
+                Some("1") => Ok(true),
+                Some("0") => Ok(false),
+                Some(s) => Err(bad(name, s, "0 or 1")),
+            }
+        }
+        let backend = match var("KALOS_BACKEND") {
+            None => None,
+            Some(s) => Some(Backend::parse(&s).map_err(|_| bad("KALOS_BACKEND", &s, "cpu, cuda or auto"))?),
+        };
+        let cpu_scan_isa = match var("KALOS_CPU_SCAN_ISA") {
+            None => None,
+            Some(s) if ["scalar", "avx2", "avx512"].contains(&s.as_str()) => Some(s),
+            Some(s) => return Err(bad("KALOS_CPU_SCAN_ISA", &s, "scalar, avx2 or avx512")),
+        };
+        let cpu_threads: Option<usize> = num(&var, "KALOS_CPU_THREADS")?;
+        if cpu_threads == Some(0) {
+            return Err(bad("KALOS_CPU_THREADS", "0", "a positive integer"));
+        }
+        let copy_threads: Option<usize> = num(&var, "KALOS_COPY_THREADS")?;
+        if let Some(n) = copy_threads.filter(|n| !(1..=16).contains(n)) {
+            return Err(bad("KALOS_COPY_THREADS", &n.to_string(), "1 to 16"));
+        }
+        Ok(Tuning {
+            backend,
+            cpu_threads,
+            cpu_scan_isa,
+            cpu_parallel_min_bytes: num(&var, "KALOS_CPU_PARALLEL_MIN_BYTES")?,
+            cpu_spin_ns: num(&var, "KALOS_CPU_SPIN_NS")?,
+            gpu_min_work: num(&var, "KALOS_GPU_MIN_WORK")?,
+            gpu_min_split_bytes: num(&var, "KALOS_GPU_MIN_SPLIT_BYTES")?,
+            compact_min_bytes: num(&var, "KALOS_COMPACT_MIN_BYTES")?,
+            copy_threads,
+            copy_streaming: flag(&var, "KALOS_COPY_NT", true)?,
+            client_trace: flag(&var, "KALOS_CLIENT_TRACE", false)?,
+            cuda_report: flag(&var, "KALOS_CUDA_REPORT", false)?,
+            prof: flag(&var, "KALOS_PROF", false)?,
+            cuda_fault_after: num(&var, "KALOS_CUDA_FAULT_AFTER")?,
+        })
+    }
+}
+
+fn bad(name: &str, value: &str, want: &str) -> Error {
+    Error::new(Status::InvalidArgument, format!("environment variable {name}={value:?}: expected {want}"))
+}
+
+/// The process's tuning, read from the environment on the first call (the first open) and kept
+/// for the life of the process. An unparsable variable fails every open with its message.
+pub fn tuning() -> Result<&'static Tuning> {
+    static T: OnceLock<std::result::Result<Tuning, Error>> = OnceLock::new();
+    T.get_or_init(|| Tuning::from_lookup(|name| std::env::var(name).ok())).as_ref().map_err(Clone::clone)
+}
+
+/// The tuning for code that runs only after an open succeeded (so [`tuning`] has been read and
+/// is valid); built-in defaults otherwise.
+pub fn tuning_or_default() -> &'static Tuning {
+    static DEFAULT: OnceLock<Tuning> = OnceLock::new();
+    tuning().unwrap_or_else(|_| DEFAULT.get_or_init(|| Tuning { copy_streaming: true, ..Tuning::default() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<Tuning> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Tuning::from_lookup(|n| m.get(n).cloned())
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let t = with(&[]).unwrap();
+        assert_eq!(t, Tuning { copy_streaming: true, ..Tuning::default() });
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let t = with(&[
+            ("KALOS_BACKEND", "cpu"),
+            ("KALOS_CPU_THREADS", "3"),
+            ("KALOS_CPU_SCAN_ISA", "scalar"),
+            ("KALOS_CPU_PARALLEL_MIN_BYTES", "4096"),
+            ("KALOS_CPU_SPIN_NS", "1000"),
+            ("KALOS_GPU_MIN_WORK", "77"),
+            ("KALOS_GPU_MIN_SPLIT_BYTES", "0"),
+            ("KALOS_COMPACT_MIN_BYTES", "32768"),
+            ("KALOS_COPY_THREADS", "2"),
+            ("KALOS_COPY_NT", "0"),
+            ("KALOS_CLIENT_TRACE", "1"),
+            ("KALOS_CUDA_REPORT", "1"),
+            ("KALOS_PROF", "1"),
+            ("KALOS_CUDA_FAULT_AFTER", "5"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t,
+            Tuning {
+                backend: Some(Backend::Cpu),
+                cpu_threads: Some(3),
+                cpu_scan_isa: Some("scalar".into()),
+                cpu_parallel_min_bytes: Some(4096),
+                cpu_spin_ns: Some(1000),
+                gpu_min_work: Some(77),
+                gpu_min_split_bytes: Some(0),
+                compact_min_bytes: Some(32768),
+                copy_threads: Some(2),
+                copy_streaming: false,
+                client_trace: true,
+                cuda_report: true,
+                prof: true,
+                cuda_fault_after: Some(5),
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (k, v) in [
+            ("KALOS_BACKEND", "tpu"),
+            ("KALOS_CPU_THREADS", "0"),
+            ("KALOS_CPU_THREADS", "many"),
+            ("KALOS_CPU_SCAN_ISA", "sse9"),
+            ("KALOS_COPY_THREADS", "99"),
+            ("KALOS_COPY_NT", "yes"),
+            ("KALOS_COMPACT_MIN_BYTES", "-1"),
+            ("KALOS_CUDA_FAULT_AFTER", "x"),
+        ] {
+            let e = with(&[(k, v)]).unwrap_err();
+            assert_eq!(e.status, Status::InvalidArgument);
+            assert!(e.message.contains(k), "{}", e.message);
+        }
+    }
+}
