@@ -88,6 +88,7 @@ fn sum_plain(x: &[f32]) -> f32 {
 fn sum(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
         return unsafe { sum_avx2(x) };
     }
     sum_plain(x)
@@ -298,6 +299,7 @@ fn idle_cpu(kalosd: &Path, spin_us: u64) -> Option<String> {
     let (t_b, ns_b) = proc_cpu(child.id());
     let wall = w0.elapsed().as_secs_f64();
     drop(c);
+    // SAFETY: kill takes no pointers; the pid is our own child's.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }

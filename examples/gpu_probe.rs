@@ -84,6 +84,7 @@ fn main() {
     let all = Filter::all();
     // The same queries in a registered staging region (what the server's mirror is).
     let mut reg = memmap2::MmapMut::map_anon(qs.len() * 4).expect("staging region");
+    // SAFETY: qs is a live Vec<f32> of qs.len() values, readable as 4 * qs.len() bytes.
     reg.copy_from_slice(unsafe { std::slice::from_raw_parts(qs.as_ptr() as *const u8, qs.len() * 4) });
     let registered = e.attach_staging(reg.as_mut_ptr(), reg.len());
     // SAFETY: the region holds qs.len() f32 values (page-aligned, copied from qs above).

@@ -7,7 +7,7 @@ mod batch_copy;
 
 #[test]
 fn large_batches_are_copied_in_parts_and_checked() {
-    // SAFETY (set_var): the only test of this binary, before any thread reads the environment.
+    // SAFETY: set_var in the only test of this binary, before any thread reads the environment.
     unsafe { std::env::set_var("KALOS_COPY_THREADS", "3") };
     batch_copy::large_batches_are_copied_in_parts_and_checked("copythreads", 3);
 }

@@ -10,12 +10,7 @@ fn gpu_present() -> bool {
 }
 
 fn opts(backend: Backend) -> Options {
-    let mut o = Options::default();
-    o.role = Role::Server;
-    o.dim = 8;
-    o.metric = Metric::InnerProduct;
-    o.backend = backend;
-    o
+    Options { role: Role::Server, dim: 8, metric: Metric::InnerProduct, backend, ..Options::default() }
 }
 
 #[test]

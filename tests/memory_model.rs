@@ -149,7 +149,7 @@ fn read_after_write_across_processes() {
 
 fn brute(vecs: &[f32], ns: &[u64], dim: usize, q: &[f32], filter: Option<&[u64]>, k: usize) -> Vec<(f64, u64)> {
     let mut s: Vec<(f64, u64)> = (0..ns.len())
-        .filter(|&r| filter.map_or(true, |f| f.contains(&ns[r])))
+        .filter(|&r| filter.is_none_or(|f| f.contains(&ns[r])))
         .map(|r| (vecs[r * dim..(r + 1) * dim].iter().zip(q).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>(), r as u64))
         .collect();
     s.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap());

@@ -438,6 +438,7 @@ fn scores(isa: Isa, l2sq: bool, q: &[f32], vecs: &[f32], dim: usize, rows: Rows<
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::avx512::scores(l2sq, q, vecs, dim, rows, out) },
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: the ISA was detected at run time before it was selected.
         Isa::Avx2 => unsafe { x86::avx2::scores(l2sq, q, vecs, dim, rows, out) },
         _ => scalar::scores(l2sq, q, vecs, dim, rows, out),
     }
@@ -451,6 +452,7 @@ fn gemm(isa: Isa, qs: &[f32], nq: usize, vecs: &[f32], dim: usize, rows: Rows<'_
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::avx512::gemm(qs, nq, vecs, dim, rows, out) },
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
         Isa::Avx2 => unsafe { x86::avx2::gemm(qs, nq, vecs, dim, rows, out) },
         _ => scalar::gemm(qs, nq, vecs, dim, rows, out),
     }

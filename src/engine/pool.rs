@@ -126,7 +126,7 @@ impl Pool {
         let mut spins = 0u32;
         while sh.state.load(Ordering::Acquire) & PARTS != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -157,7 +157,7 @@ fn worker(sh: &Shared, idx: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 != 0 || last.elapsed() < sh.spin {
+            if !spins.is_multiple_of(256) || last.elapsed() < sh.spin {
                 std::hint::spin_loop();
                 continue;
             }

@@ -216,7 +216,7 @@ impl Persist {
             self.sync()?;
         }
         self.poll_bg(false);
-        let may_retry = self.retry_at.map_or(true, |t| Instant::now() >= t);
+        let may_retry = self.retry_at.is_none_or(|t| Instant::now() >= t);
         if self.bg.is_none() && may_retry && self.log_since_snap >= self.compact_min && self.log_since_snap >= self.snap_bytes {
             self.start_snapshot(store)?;
         }

@@ -109,7 +109,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
             continue;
         }
         let first = match FileHeader::decode(&wal_path, &b, Kind::Wal) {
-            Ok(h) if seq.map_or(true, |x| x == h.seq) => Some(h.seq),
+            Ok(h) if seq.is_none_or(|x| x == h.seq) => Some(h.seq),
             Ok(h) => {
                 damaged = true;
                 rep.notes.push(format!(

@@ -725,12 +725,15 @@ mod tests {
     /// block's scalar tail, the last value) is the one reported, the first of two.
     #[test]
     fn copy_finite_copies_and_finds_the_first_bad_value() {
-        let kinds: Vec<Box<dyn Fn(usize, &[f32]) -> Option<usize>>> = vec![
-            // SAFETY (all three): the test's destinations hold src.len() values past dst.
+        type CopyFn = Box<dyn Fn(usize, &[f32]) -> Option<usize>>;
+        let kinds: Vec<CopyFn> = vec![
+            // SAFETY: the test's destinations hold src.len() values past dst.
             Box::new(|d, s| unsafe { copy_finite(d, s) }),
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; SSE2 is part of x86_64.
             Box::new(|d, s| unsafe { copy_finite_sse::<true>(d, s) }),
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
             Box::new(|d, s| unsafe { copy_finite_sse::<false>(d, s) }),
         ];
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -749,7 +752,7 @@ mod tests {
             for (ki, copy) in kinds.iter().enumerate() {
                 for mis in 0..4 {
                     let mut buf = vec![0u32; len + 8];
-                    let d = (buf.as_mut_ptr() as usize + 15) / 16 * 16 + 4 * mis;
+                    let d = (buf.as_mut_ptr() as usize).div_ceil(16) * 16 + 4 * mis;
                     assert_eq!(copy(d, &src), None, "kind {ki} len {len} mis {mis}");
                     // SAFETY: d..d + len * 4 lies inside buf (16-byte rounding + 12 bytes < 32).
                     let got = unsafe { std::slice::from_raw_parts(d as *const f32, len) };

@@ -267,7 +267,7 @@ fn serve(a: &Args) {
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
         ticks += 1;
-        if stats_every > 0 && ticks % (stats_every * 20) == 0 {
+        if stats_every > 0 && ticks.is_multiple_of(stats_every * 20) {
             if let Ok(s) = k.stats() {
                 print_stats(&s);
             }
