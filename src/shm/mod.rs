@@ -517,7 +517,7 @@ impl Segment {
     /// the call), which take chunks of `COPY_CHUNK` values from a shared counter: on the H200's
     /// host a spawned thread may start copying only ~0.2 ms after it was started, so fixed parts
     /// left the caller waiting for the slowest starter; with chunks the threads already running
-    /// take the work of those not yet running (docs/history/gpu-sessions.md, tenth session).
+    /// take the work of those not yet running.
     /// Returns the index of the first non-finite value; the slot then holds a partial copy,
     /// which the caller must not submit. Panics if it would overflow.
     pub fn write_finite_f32(&self, i: usize, offset: usize, src: &[f32]) -> std::result::Result<(), usize> {
@@ -607,8 +607,7 @@ const PAR_COPY_MIN: usize = 1 << 20;
 /// Threads for a large checked copy into a slot: `KALOS_COPY_THREADS` (1 = none), else up to
 /// 8, at most half the CPUs this process may use (on the H200's 16-core host, 1024 x 768
 /// batches, one sweep: client minus server time 0.51 ms with 1 thread, 0.37 with 2 and 4, 0.26
-/// with 8; later runs with 8 gave 0.39-0.54, so 8 over 4 is not firmly established; tenth
-/// session). Read once.
+/// with 8, though other runs with 8 gave 0.39-0.54, so 8 over 4 is not firmly established).
 fn copy_threads() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
@@ -708,8 +707,7 @@ unsafe fn copy_finite_sse<const NT: bool>(dst: usize, src: &[f32]) -> Option<usi
 /// turns them off): the batch goes to memory instead of sitting dirty in the copying cores'
 /// caches, where the GPU's DMA (or the server) would have to fetch it from. On the H200's host,
 /// 1024 x 768 batches with 4 copy threads: client p50 4.109 / 4.113 ms against 4.254 / 4.230
-/// without, engine 3.62 / 3.65 against 3.70 / 3.69 ms (alternating runs, one call; ninth
-/// session). Read once.
+/// without, engine 3.62 / 3.65 against 3.70 / 3.69 ms (alternating runs).
 #[cfg(target_arch = "x86_64")]
 fn copy_nt() -> bool {
     static NT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
