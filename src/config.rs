@@ -3,22 +3,7 @@
 //! the environment. The environment is read once, on the first open of the process, into one
 //! [`Tuning`]; nothing else in the crate reads `KALOS_*` variables.
 //!
-//! | variable | default | effect |
-//! |---|---|---|
-//! | `KALOS_BACKEND` | unset | engine when the options say auto: `cpu`, `cuda` (or `gpu`) or `auto` |
-//! | `KALOS_CPU_THREADS` | `Options::threads` | CPU engine threads (positive) |
-//! | `KALOS_CPU_SCAN_ISA` | best available | CPU scan kernel: `scalar`, `avx2` or `avx512` (falls back to what the CPU has) |
-//! | `KALOS_CPU_PARALLEL_MIN_BYTES` | 8 MiB (256 KiB on hosts of 8+ cores) | smallest table whose scan is split across threads |
-//! | `KALOS_CPU_SPIN_NS` | the server's spin window on hosts of 8+ cores, else 0 | how long CPU workers stay awake after a request |
-//! | `KALOS_GPU_MIN_WORK` | 163840 | rows × dim × queries under which backend auto answers on the CPU |
-//! | `KALOS_GPU_MIN_SPLIT_BYTES` | 131072 | bytes of vectors per awake CPU worker under which single queries stay on the CPU |
-//! | `KALOS_COMPACT_MIN_BYTES` | 67108864 | write-ahead log size from which a snapshot is considered |
-//! | `KALOS_COPY_THREADS` | half the CPUs, 1..8 | client threads for a large batch's copy into its slot (1..16) |
-//! | `KALOS_COPY_NT` | `1` | `0`: plain stores in that copy instead of streaming stores |
-//! | `KALOS_CLIENT_TRACE` | `0` | `1`: each batch call prints its copy, wait, read and parse times to stderr |
-//! | `KALOS_CUDA_REPORT` | `0` | `1`: the CUDA engine prints its round-trip and batch times when it closes |
-//! | `KALOS_PROF` | `0` | `1`: the single-query kernel records phase timestamps, printed at close |
-//! | `KALOS_CUDA_FAULT_AFTER` | unset | test hook: the CUDA engine fails every search after the first n |
+//! The variables, their defaults and effects are listed in one table: README.md, "Environment".
 //!
 //! A value that does not parse fails the open with `INVALID_ARGUMENT` naming the variable.
 
