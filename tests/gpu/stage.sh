@@ -19,6 +19,8 @@ cp tests/c/build/bench_recall_gpu .gpu/bench_recall
 cp $T/release/kalosd $T/release/examples/gpu_probe .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
+# Debug info is most of the size: stripped, two staged builds fit in one device call's carry.
+strip .gpu/libkalos.so .gpu/kalosd .gpu/gpu_probe .gpu/c_harness .gpu/bench_recall
 git rev-parse --short HEAD > .gpu/COMMIT
 git diff --quiet HEAD -- src kernels tests/gpu || echo "+dirty" >> .gpu/COMMIT
 du -sh .gpu
