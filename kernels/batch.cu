@@ -20,12 +20,8 @@
 
 // FU: 16-byte score loads per thread per step (from the host)
 #define FSTEP (NT * FU * 4)   // rows per step of a filter block
-#ifndef FPD
-#define FPD 2                 // steps loaded ahead
-#endif
-#ifndef FMINB
+#define FPD 2                 // steps loaded ahead (3: no gain, 4: slower; docs/GPU.md)
 #define FMINB 5               // resident filter blocks per SM the registers are budgeted for
-#endif
 
 // Writes the rows [0, c) of (skey, srow) at the end of query q's buffer; returns the new count.
 __device__ __forceinline__ u32 append(const u32* skey, const u32* srow, u32 c, u32* bkey, u32* brow, u32* bcnt,

@@ -38,25 +38,15 @@ typedef unsigned short u16;
 // row, QREG: query slice held in registers, RU0: rows in flight per lane group.
 #define NONE_U32 0xFFFFFFFFu
 
-// PIPE=1 (default): the scan loads the next rows before it computes the current ones, with half
-// as many rows per step (PIPE=2: as many), so loads stay in flight across the compute.
-#ifndef SLOTS
-#define SLOTS 1  // single query: fixed candidate slots per block (see scan_topk_body)
-#endif
-#ifndef PIPE
-#define PIPE 1
-#endif
-#ifndef SMALL_FIRST
-#define SMALL_FIRST 1  // single query: blocks of <= SMALL_ROWS rows rank their keys directly (at
-                       // 10k x 128 on the H200 the select phase went 2.1 -> 1.7 us)
-#endif
-#if PIPE == 1 && RU0 > 1
+// The scan loads the next rows before it computes the current ones, with half as many rows per
+// step (RU = RU0 / 2 when RU0 > 1), so loads stay in flight across the compute.
+#if RU0 > 1
 #define RU (RU0 / 2)
 #else
 #define RU RU0
 #endif
 
-// Request parameters, copied to the device with the query (layout mirrored in cuda.rs).
+// Request parameters, copied to the device with the query (layout mirrored in src/engine/cuda/mod.rs).
 // Params' fields before the namespace list: the head both by-value arguments start with. A base
 // struct, so that its size (the offset of Params::ns) can be checked with sizeof, which every
 // NVRTC accepts in a constant expression (NVRTC 13.0 has no __builtin_offsetof).
@@ -76,7 +66,7 @@ struct ParamsHead {
     u32 seq;      // single query: sequence number published after the results
     float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
 };
-static_assert(sizeof(ParamsHead) == PARAMS_HEAD, "Params head: mirrored in cuda.rs (PARAMS_HEAD)");
+static_assert(sizeof(ParamsHead) == PARAMS_HEAD, "Params head: mirrored in cuda/mod.rs (PARAMS_HEAD)");
 struct Params : ParamsHead {
     u64 ns[MAXNS];
     u64 dst;      // single query: device address of the client's slot (its response body), or 0
@@ -130,20 +120,13 @@ __device__ __forceinline__ void stamp(unsigned char* out, int i) {
 #endif
 }
 
-// Table rows are read once per query: they bypass L1 allocation (LDNA=0 gives a plain __ldg;
-// the two measured the same on the H200, LDNA=1 is the configuration the benchmark ran).
-#ifndef LDNA
-#define LDNA 1
-#endif
+// Table rows are read once per query: they bypass L1 allocation (a plain __ldg measured the same
+// on the H200; this is the load the benchmarks ran).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-#if LDNA
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
-#else
-    return __ldg(p);
-#endif
 }
 
 // Dot product of one 16-byte vector of stored elements with VEC query values.

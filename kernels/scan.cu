@@ -82,21 +82,15 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             }
         }
     };
-#if PIPE
     uint4 nxt[RU][NCH];
     load_rows(nxt, wbase0);
-#endif
     for (u32 wb = wbase0; wb < r1; wb += wstep) {
         uint4 v[RU][NCH];
-#if PIPE
 #pragma unroll
         for (int u = 0; u < RU; u++)
 #pragma unroll
             for (int c = 0; c < NCH; c++) v[u][c] = nxt[u][c];
         load_rows(nxt, wb + wstep);
-#else
-        load_rows(v, wb);
-#endif
         float acc[RU];
 #pragma unroll
         for (int u = 0; u < RU; u++) {
@@ -137,13 +131,14 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     const u32 k = P.k;
     // The block's own top k: for k <= BOUND_K the keys below the group-max bound are dropped and
     // the rest ranked; else (or with heavy ties) by radix select, or by rank for a block of at
-    // most SMALL_ROWS rows (into shared memory past the keys). Then the
+    // most SMALL_ROWS rows (into shared memory past the keys; at 10k x 128 on the H200 ranking
+    // them took the select phase from 2.1 to 1.7 us). Then the
     // candidates at or above the bound (the best k-th key any block has found so far; ctl[1]) are
     // appended to the flat candidate array (ctl[2] counts them).
     u32* skey = (u32*)(smem + MCAP * 8);
     u32* srow = skey + KMAX;
     u32 got = NONE_U32;
-    if (SMALL_FIRST && r1 - r0 <= SMALL_ROWS) {  // a few dozen keys: rank them all at once
+    if (r1 - r0 <= SMALL_ROWS) {  // a few dozen keys: rank them all at once
         got = rank_select(keys, nullptr, r0, r1 - r0, k, T.ids, skey, srow);
     } else if (k <= BOUND_K) {  // scratch: the 16 KB past the chunk keys, unused until the merge
         u32* ck = (u32*)(smem + CHUNK * 4);
@@ -157,13 +152,13 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             got = select_to(ca, r1 - r0, k, S, skey, srow);
         }
     }
-    // SLOTS=1 (default since 2026-12-01; on the H200 the GPU round trip went 17.3 -> 16.0 us at
-    // 10k x 128 f32 and 51.4 -> 49.4 us at 100k x 768 f16; SLOTS=0 is the older path): when
-    // every block's k fit the merge's shared memory, block b writes its k entries at b*k (key 0 pads a short list) and
-    // raises the bound without waiting for the old value: two dependent L2 round trips (the
-    // bound's return, the append position) fewer per block. Otherwise blocks append only the
-    // entries at or above the bound, at a position from ctl[2].
-    const bool fixed = SLOTS && P.grid * k <= MCAP;
+    // Fixed slots: when every block's k fit the merge's shared memory, block b writes its k
+    // entries at b*k (key 0 pads a short list) and raises the bound without waiting for the old
+    // value: two dependent L2 round trips (the bound's return, the append position) fewer per
+    // block than appending (on the H200 the GPU round trip went 17.3 -> 16.0 us at 10k x 128 f32
+    // and 51.4 -> 49.4 us at 100k x 768 f16). Otherwise blocks append only the entries at or
+    // above the bound, at a position from ctl[2].
+    const bool fixed = P.grid * k <= MCAP;
     if (fixed) {
         raise_bound(skey, got, k, ctl + 1, S, false);
         for (u32 i = t; i < k; i += NT) {
@@ -245,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
 // namespaces, 104 bytes in place of Params' 640 (a filter of more namespaces takes
 // scan_topk_v). Each request's graph update copies the whole argument: on the H200 a kernel
 // node with a 4-byte argument answers in 6.4-6.6 us, with 1152 bytes in 9.4-9.6 us
-// (tests/gpu/probe_resident.cu). Layout mirrored in cuda.rs (ParamsC).
+// (tests/gpu/probe_resident.cu). Layout mirrored in src/engine/cuda/single.rs (ParamsC).
 struct ParamsC {
     u32 head[PARAMS_HEAD / 4];
     u64 dst;

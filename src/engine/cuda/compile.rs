@@ -231,6 +231,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
         return Err(Error::new(Status::BackendUnavailable, "NVRTC (libnvrtc.so) was not found on the library search path"));
     }
     let (mut major, mut minor) = (0, 0);
+    // A missing symbol panics in cudarc: caught, and reported below.
     let r = std::panic::catch_unwind(move || {
         // SAFETY: the library is present (checked above); the two out-pointers are valid locals.
         let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };

@@ -1,0 +1,104 @@
+//! The engine's kernels: every module compiled for the device (compile.rs), loaded into the
+//! context, and the functions the engine launches, each named after its kernel.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaModule};
+
+use super::batch::filter_smem;
+use super::ck;
+use super::compile::{self, KernelSpec, BATCH, KMAX, MODULES, SCAN, SMEM_MAIN, TABLE};
+use crate::error::{Error, Result, Status};
+
+/// Kernel functions of the loaded modules (kernels/scan.cu, batch.cu, table.cu).
+pub(super) struct Kernels {
+    pub(super) scan_topk: sys::CUfunction,
+    /// The by-value single-query kernel (None when params + query exceed 4 KiB).
+    pub(super) scan_topk_v: Option<sys::CUfunction>,
+    /// The by-value kernel with the compact argument (graph mode only).
+    pub(super) scan_topk_c: Option<sys::CUfunction>,
+    pub(super) batch_filter: sys::CUfunction,
+    /// batch_filter over f16 score tiles (f16 storage, `Batch::score16`).
+    pub(super) batch_filter_h: sys::CUfunction,
+    pub(super) batch_tighten: sys::CUfunction,
+    pub(super) batch_final: sys::CUfunction,
+    pub(super) gate_bias: sys::CUfunction,
+    pub(super) gate_scan: sys::CUfunction,
+    pub(super) scatter_rows: sys::CUfunction,
+    pub(super) convert_queries: sys::CUfunction,
+    pub(super) check_queries: sys::CUfunction,
+}
+
+impl Kernels {
+    /// Compiles every module for `spec`, loads them into `ctx` and looks up the kernels
+    /// (`byval`: the by-value single-query kernels exist), then raises each kernel's dynamic
+    /// shared memory limit to what it is launched with (`dp` floats of query, batch_filter's
+    /// `fstep` rows per step). The modules are returned too: they must outlive the functions.
+    pub(super) fn load(
+        ctx: &Arc<CudaContext>,
+        spec: &KernelSpec,
+        byval: bool,
+        dp: usize,
+        fstep: usize,
+    ) -> Result<(Vec<Arc<CudaModule>>, Kernels)> {
+        // The modules compile in parallel (NVRTC is thread-safe): start-up waits for the slowest.
+        let cubins: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = MODULES.iter().map(|m| s.spawn(|| spec.compile(m))).collect();
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(Error::new(Status::Internal, "the kernel compile panicked"))))
+                .collect()
+        });
+        let mut modules = Vec::with_capacity(MODULES.len());
+        for (m, cubin) in MODULES.iter().zip(cubins) {
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin?))
+                .map_err(|e| Error::new(Status::Cuda, format!("loading the {}.cu CUBIN: {e:?}", m.name)))?;
+            modules.push(module);
+        }
+        let getf = |m: compile::Module, n: &str| -> Result<sys::CUfunction> {
+            let i = MODULES.iter().position(|x| *x == m).unwrap_or(0);
+            let f = modules[i].load_function(n).map_err(|e| Error::new(Status::Cuda, format!("kernel {n} ({}.cu): {e:?}", m.name)))?;
+            Ok(f.cu_function())
+        };
+        let scan_topk = getf(SCAN, "scan_topk")?;
+        let scan_topk_v = if byval { Some(getf(SCAN, "scan_topk_v")?) } else { None };
+        // Graph mode sends requests filtered by at most NS_INLINE namespaces with the compact
+        // argument (104 bytes in place of 640): on the H200 at 10k x 128 f32 its server p50 was
+        // 14.6-14.7 us against 14.8-16.1 with the full argument (docs/BENCHMARKS.md).
+        let scan_topk_c = scan_topk_v.map(|_| getf(SCAN, "scan_topk_c")).transpose()?;
+        let k = Kernels {
+            scan_topk,
+            scan_topk_v,
+            scan_topk_c,
+            batch_filter: getf(BATCH, "batch_filter")?,
+            batch_filter_h: getf(BATCH, "batch_filter_h")?,
+            batch_tighten: getf(BATCH, "batch_tighten")?,
+            batch_final: getf(BATCH, "batch_final")?,
+            gate_bias: getf(BATCH, "gate_bias")?,
+            gate_scan: getf(BATCH, "gate_scan")?,
+            scatter_rows: getf(TABLE, "scatter_rows")?,
+            convert_queries: getf(TABLE, "convert_queries")?,
+            check_queries: getf(TABLE, "check_queries")?,
+        };
+        let smem_scan = SMEM_MAIN + dp * 4;
+        let smem_filter = filter_smem(KMAX, fstep);
+        for (f, bytes) in [
+            (Some(k.scan_topk), smem_scan),
+            (k.scan_topk_v, smem_scan),
+            (k.scan_topk_c, smem_scan),
+            (Some(k.batch_filter), smem_filter),
+            (Some(k.batch_filter_h), smem_filter),
+            (Some(k.batch_tighten), smem_scan),
+            (Some(k.batch_final), smem_scan),
+        ] {
+            let Some(f) = f else { continue };
+            // SAFETY: `f` is a function of a module loaded above (kept alive by `modules`); the
+            // attribute is a plain integer setting.
+            ck("cuFuncSetAttribute", unsafe {
+                sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+            })?;
+        }
+        Ok((modules, k))
+    }
+}
