@@ -394,7 +394,7 @@ impl Kalos {
                     return Ok(());
                 }
                 i = i.wrapping_add(1);
-                if i % 32 == 0 {
+                if i.is_multiple_of(32) {
                     let e = t0.elapsed();
                     if e >= spin {
                         break;
@@ -563,6 +563,7 @@ impl Kalos {
     /// Top-k for `nq` queries (`queries` is `nq * dim`, row-major) in as few requests as the
     /// slot size allows. Writes `k` entries per query into `ids`/`scores` (each ≥ `nq * k`) and
     /// the per-query hit count into `counts` (≥ `nq`).
+    #[allow(clippy::too_many_arguments)] // the C ABI's flat argument list, mirrored
     pub fn recall_batch_into(
         &self,
         queries: &[f32],

@@ -229,7 +229,7 @@ fn check_region(what: &str, addr: *mut c_void, cap: usize, pos: jint, len: usize
     let elem = align; // element size equals alignment for f32 / u64
                       // SAFETY: in bounds of the buffer (checked just above).
     let p = unsafe { (addr as *mut u8).add(pos as usize * elem) } as *mut c_void;
-    if (p as usize) % align != 0 {
+    if !(p as usize).is_multiple_of(align) {
         return Err(JErr::IllegalArgument(format!(
             "{what} is not {align}-byte aligned (a sliced or offset ByteBuffer); use an aligned direct buffer"
         )));

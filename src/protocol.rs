@@ -101,7 +101,7 @@ pub fn f32_bytes(v: &[f32]) -> &[u8] {
 /// Wire bytes read in place as f32 values, when they are 4-byte aligned (else None: copy them
 /// with `Reader::f32s`; `Reader::f32s_cow` does either). `b.len()` must be a multiple of 4.
 pub fn f32_view(b: &[u8]) -> Option<&[f32]> {
-    if !cfg!(target_endian = "little") || b.len() % 4 != 0 || (b.as_ptr() as usize) % std::mem::align_of::<f32>() != 0 {
+    if !cfg!(target_endian = "little") || !b.len().is_multiple_of(4) || !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>()) {
         return None;
     }
     // SAFETY: aligned for f32 (checked), length a multiple of 4, every bit pattern is a valid

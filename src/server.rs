@@ -460,15 +460,12 @@ impl Server {
         // 1. Writes, in slot order; one log commit for all of them.
         let mut wrote = Vec::new();
         for (i, p) in batch.iter().enumerate() {
-            match p.op() {
-                op @ (OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR) => {
-                    let r = self.do_write(op, p.body());
-                    if r.is_ok() {
-                        wrote.push(i);
-                    }
-                    results[i] = Some(encode_result(r));
+            if let op @ (OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR) = p.op() {
+                let r = self.do_write(op, p.body());
+                if r.is_ok() {
+                    wrote.push(i);
                 }
-                _ => {}
+                results[i] = Some(encode_result(r));
             }
         }
         if !wrote.is_empty() {
@@ -818,6 +815,7 @@ impl Server {
             if p.op() != OP_RECALL {
                 continue;
             }
+            #[allow(clippy::type_complexity)] // one parse of a recall's fields, used once below
             let parsed = (|| -> Result<(usize, usize, u32, Filter, Option<Recency>, Cow<'_, [f32]>, Option<SlotQueries>)> {
                 let mut r = Reader::new(p.body());
                 let k = r.u32("k")? as usize;
