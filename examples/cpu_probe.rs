@@ -70,7 +70,7 @@ fn main() {
         if t < 2 {
             continue;
         }
-        let mut p = Pool::new(t - 1, Duration::from_secs(2), true);
+        let mut p = Pool::new(t - 1, Duration::from_secs(2));
         let mut lat = Vec::new();
         for i in 0..iters {
             let t0 = Instant::now();

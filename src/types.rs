@@ -1,6 +1,9 @@
 //! Plain types shared by the Rust API, the server, the engines and the C ABI.
 
 use crate::error::{Error, Result, Status};
+/// Where an engine writes a lone query's response body into the client's slot (defined with the
+/// body's layout in `wire::response`).
+pub use crate::wire::response::DirectOut;
 
 /// Largest `k` a recall may ask for.
 pub const MAX_K: usize = 1024;
@@ -273,82 +276,6 @@ pub fn normalize_queries(q: &mut [f32], dim: usize) -> Result<()> {
         row.iter_mut().for_each(|x| *x *= inv);
     }
     Ok(())
-}
-
-/// Where an engine may write a single query's recall response body itself (wire format of
-/// `protocol`: count u32, ids u64[count], scores f32[count]): the data area of the client's slot.
-/// The server publishes it without copying when `written` is non-zero afterwards.
-#[derive(Debug)]
-pub struct DirectOut {
-    /// Host address of the slot's data area (inside the shared-memory segment).
-    pub host: *mut u8,
-    /// Bytes the body may take.
-    pub cap: usize,
-    /// Set by the engine to the body's length once it is in place; 0 = not written.
-    pub written: std::cell::Cell<usize>,
-}
-
-impl DirectOut {
-    /// Length of a single query's response body with `n` hits (count, ids, scores).
-    pub const fn body_len(n: usize) -> usize {
-        4 + 12 * n
-    }
-
-    /// Writes one query's recall response body (`write_recall_body`) at `host` and records its
-    /// length. Returns false, writing nothing, when it does not fit in `cap` bytes (the server
-    /// then answers the request itself).
-    pub fn write_hits(&self, hits: &[Hit]) -> bool {
-        if self.host.is_null() {
-            return false;
-        }
-        // SAFETY: the server hands out a DirectOut only for the data area of the request's own
-        // slot, `cap` bytes at `host`, which no other thread writes until the server publishes
-        // the response.
-        match unsafe { write_recall_body(self.host, self.cap, std::iter::once(hits)) } {
-            Ok(len) => {
-                self.written.set(len);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
-/// Writes a recall response body for `lists` (one hit list per query) at `host`, in the wire
-/// format of `protocol`: a u32 count per query, then every query's ids (u64), then every
-/// query's scores (f32), little-endian. Returns its length; Err(length) when that exceeds `cap`
-/// (nothing written).
-///
-/// # Safety
-/// `host` must be valid for writes of `cap` bytes that no other thread writes meanwhile (the
-/// data area of a slot the server thread owns until it publishes or releases it).
-pub unsafe fn write_recall_body<'a, I>(host: *mut u8, cap: usize, lists: I) -> std::result::Result<usize, usize>
-where
-    I: Iterator<Item = &'a [Hit]> + Clone,
-{
-    let (nq, total) = lists.clone().fold((0, 0), |(q, t), h| (q + 1, t + h.len()));
-    let len = 4 * nq + 12 * total;
-    if len > cap {
-        return Err(len);
-    }
-    // SAFETY: every write lands in [host, host + len), len <= cap (the caller's contract): the
-    // counts in [0, 4nq), the ids in [4nq, 4nq + 8total), the scores after them, `total` each.
-    // Unaligned stores of plain integers through raw pointers (the bytes are shared memory, so
-    // no reference to them is formed; the offsets are only 4-byte aligned).
-    unsafe {
-        let (mut c, mut i, mut s) = (host, host.add(4 * nq), host.add(4 * nq + 8 * total));
-        for h in lists {
-            c.cast::<[u8; 4]>().write_unaligned((h.len() as u32).to_le_bytes());
-            c = c.add(4);
-            for x in h {
-                i.cast::<[u8; 8]>().write_unaligned(x.id.to_le_bytes());
-                s.cast::<[u8; 4]>().write_unaligned(x.score.to_le_bytes());
-                i = i.add(8);
-                s = s.add(4);
-            }
-        }
-    }
-    Ok(len)
 }
 
 pub fn now_unix_ms() -> u64 {
