@@ -9,7 +9,8 @@ use kalos::engine::cpu::CpuEngine;
 use kalos::engine::pool::Pool;
 use kalos::engine::Engine;
 use kalos::store::{Store, UpsertItem, NEVER};
-use kalos::types::{Filter, Metric, SearchRequest};
+use kalos::types::{Filter, Metric};
+use kalos::wire::SearchRequest;
 use rand::{Rng, SeedableRng};
 
 fn p50(mut v: Vec<f64>) -> (f64, f64) {

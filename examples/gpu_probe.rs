@@ -16,7 +16,8 @@ use kalos::client::Options;
 use kalos::engine::cuda;
 use kalos::engine::Engine;
 use kalos::store::{Store, UpsertItem, NEVER};
-use kalos::types::{Dtype, Filter, Hit, Metric, SearchRequest};
+use kalos::types::{Dtype, Filter, Hit, Metric};
+use kalos::wire::SearchRequest;
 use rand::{Rng, SeedableRng};
 
 fn main() {

@@ -6,17 +6,21 @@
 //! `../shared/DESIGN.md`-derived docs in `docs/` and the C API in `include/kalos.h`.
 //!
 //! Module map:
-//! - [`client`]: [`Kalos`] handle, options, every request as a slot round trip.
+//! - [`ffi`]: the C ABI (the only `extern "C"` surface besides [`ffi::jni`], the Java binding's).
+//! - [`client`]: [`Kalos`] handle, per-call options, every request as a slot round trip.
 //! - [`server`]: the server thread (batching, validation, engine, persistence).
+//! - [`engine`]: engine trait, top-k selection, CPU and CUDA engines, the router that picks one.
+//! - [`wire`]: the byte layout of requests and responses inside a slot.
 //! - [`shm`]: segment layout v1, create/attach/validate, futex wait/wake.
-//! - [`protocol`]: wire format inside a slot.
 //! - [`store`]: the table (columns, namespaces, payloads, expiry).
-//! - [`engine`]: engine trait, top-k selection, CPU and CUDA engines.
 //! - [`persist`]: write-ahead log and snapshots.
-//! - [`ffi`]: the C ABI (the only `extern "C"` surface besides `jni`).
+//! - [`config`], [`types`], [`error`]: options and knobs, plain shared types, errors.
+//!
+//! Dependencies point one way: `ffi` → `client`/`server` → `engine` → `wire`/`shm`; `config`,
+//! `types`, `error` and `store` are used from every layer.
 
 // The shared-memory protocol writes f32 slices as their in-memory bytes and reads them as
-// little-endian values (protocol::f32_bytes / f32_view).
+// little-endian values (wire::codec::f32_bytes / f32_view).
 #[cfg(target_endian = "big")]
 compile_error!("Kalos supports little-endian targets only");
 
@@ -30,13 +34,9 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 /// cbindgen:ignore
-pub mod jni;
-/// cbindgen:ignore
 pub mod npy;
 /// cbindgen:ignore
 pub mod persist;
-/// cbindgen:ignore
-pub mod protocol;
 /// cbindgen:ignore
 pub mod server;
 /// cbindgen:ignore
@@ -45,12 +45,14 @@ pub mod shm;
 pub mod store;
 /// cbindgen:ignore
 pub mod types;
+/// cbindgen:ignore
+pub mod wire;
 
 pub use client::{Kalos, Namespaces, Options, PayloadHit, RecallOptions, UpsertOptions};
 pub use error::{Error, Result, Status};
-pub use protocol::Stats;
 pub use store::{Record, NEVER};
 pub use types::{Backend, Dtype, Filter, Hit, Metric, Recency, Role, SyncPolicy, MAX_K};
+pub use wire::Stats;
 
 /// Library version string.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -205,61 +205,6 @@ impl Filter {
     }
 }
 
-/// A validated search request handed to an engine.
-#[derive(Debug, Clone)]
-pub struct SearchRequest<'a> {
-    /// `nq * dim` query values, row-major. Already normalised for cosine.
-    pub queries: &'a [f32],
-    pub nq: usize,
-    pub k: usize,
-    pub filter: &'a Filter,
-    pub recency: Option<Recency>,
-    /// Wall-clock now in unix milliseconds (expiry and recency are judged against it).
-    pub now_ms: u64,
-    /// A single query's response body may be written straight into the client's slot here
-    /// (engines that can do so say how many bytes they wrote; see [`DirectOut`]).
-    pub direct: Option<&'a DirectOut>,
-    /// When set, `queries` is empty and the `nq * dim` query values are still in the client's
-    /// slot (see [`SlotQueries`]): only for engines that said they take them
-    /// (`Engine::takes_slot_queries`), and only for large batches of ip or l2 queries.
-    pub slot: Option<SlotQueries>,
-}
-
-/// A batch's query values left in the client's slot instead of being copied into the server's
-/// memory: the CUDA engine copies them to the device by DMA and checks them there. The memory is
-/// shared with a client that may change it at any time, so it is never read through a Rust
-/// reference: only by DMA or by [`SlotQueries::copy_checked`], and every check applies to the
-/// copy that is then used (a client changing its slot during the request changes its own answer,
-/// nothing else).
-#[derive(Debug, Clone, Copy)]
-pub struct SlotQueries {
-    /// Host address of the first value (inside the shared-memory segment, 4-byte aligned).
-    pub ptr: *const u8,
-    /// Number of f32 values.
-    pub len: usize,
-    /// Cosine stores: the query dimension; whoever reads the queries scales each to unit length
-    /// ([`normalize_queries`]; an all-zero query is an error). 0 for ip and l2.
-    pub cosine_dim: usize,
-}
-
-impl SlotQueries {
-    /// A private copy of the values, checked finite (engines that cannot read the slot
-    /// themselves, or that answer this batch on the CPU).
-    pub fn copy_checked(&self) -> crate::error::Result<Vec<f32>> {
-        let mut v = vec![0f32; self.len];
-        // SAFETY: the server built `ptr`/`len` from a slot's data area, bounds-checked against
-        // the slot's size, and the segment stays mapped while the request is served. The client
-        // may write these bytes concurrently: a byte-wise copy of plain f32 data cannot fault,
-        // and only the private copy is checked and used.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr() as *mut u8, self.len * 4) };
-        check_finite(&v, "query")?;
-        if self.cosine_dim > 0 {
-            normalize_queries(&mut v, self.cosine_dim)?;
-        }
-        Ok(v)
-    }
-}
-
 /// Cosine: scales each query (`dim` values; finite) to unit length, its norm summed in f64 and
 /// applied as one f32 factor (the CUDA engine's check_queries/convert_queries do the same on the
 /// device). An all-zero query is an INVALID_ARGUMENT.
@@ -273,82 +218,6 @@ pub fn normalize_queries(q: &mut [f32], dim: usize) -> Result<()> {
         row.iter_mut().for_each(|x| *x *= inv);
     }
     Ok(())
-}
-
-/// Where an engine may write a single query's recall response body itself (wire format of
-/// `protocol`: count u32, ids u64[count], scores f32[count]): the data area of the client's slot.
-/// The server publishes it without copying when `written` is non-zero afterwards.
-#[derive(Debug)]
-pub struct DirectOut {
-    /// Host address of the slot's data area (inside the shared-memory segment).
-    pub host: *mut u8,
-    /// Bytes the body may take.
-    pub cap: usize,
-    /// Set by the engine to the body's length once it is in place; 0 = not written.
-    pub written: std::cell::Cell<usize>,
-}
-
-impl DirectOut {
-    /// Length of a single query's response body with `n` hits (count, ids, scores).
-    pub const fn body_len(n: usize) -> usize {
-        4 + 12 * n
-    }
-
-    /// Writes one query's recall response body (`write_recall_body`) at `host` and records its
-    /// length. Returns false, writing nothing, when it does not fit in `cap` bytes (the server
-    /// then answers the request itself).
-    pub fn write_hits(&self, hits: &[Hit]) -> bool {
-        if self.host.is_null() {
-            return false;
-        }
-        // SAFETY: the server hands out a DirectOut only for the data area of the request's own
-        // slot, `cap` bytes at `host`, which no other thread writes until the server publishes
-        // the response.
-        match unsafe { write_recall_body(self.host, self.cap, std::iter::once(hits)) } {
-            Ok(len) => {
-                self.written.set(len);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
-/// Writes a recall response body for `lists` (one hit list per query) at `host`, in the wire
-/// format of `protocol`: a u32 count per query, then every query's ids (u64), then every
-/// query's scores (f32), little-endian. Returns its length; Err(length) when that exceeds `cap`
-/// (nothing written).
-///
-/// # Safety
-/// `host` must be valid for writes of `cap` bytes that no other thread writes meanwhile (the
-/// data area of a slot the server thread owns until it publishes or releases it).
-pub unsafe fn write_recall_body<'a, I>(host: *mut u8, cap: usize, lists: I) -> std::result::Result<usize, usize>
-where
-    I: Iterator<Item = &'a [Hit]> + Clone,
-{
-    let (nq, total) = lists.clone().fold((0, 0), |(q, t), h| (q + 1, t + h.len()));
-    let len = 4 * nq + 12 * total;
-    if len > cap {
-        return Err(len);
-    }
-    // SAFETY: every write lands in [host, host + len), len <= cap (the caller's contract): the
-    // counts in [0, 4nq), the ids in [4nq, 4nq + 8total), the scores after them, `total` each.
-    // Unaligned stores of plain integers through raw pointers (the bytes are shared memory, so
-    // no reference to them is formed; the offsets are only 4-byte aligned).
-    unsafe {
-        let (mut c, mut i, mut s) = (host, host.add(4 * nq), host.add(4 * nq + 8 * total));
-        for h in lists {
-            c.cast::<[u8; 4]>().write_unaligned((h.len() as u32).to_le_bytes());
-            c = c.add(4);
-            for x in h {
-                i.cast::<[u8; 8]>().write_unaligned(x.id.to_le_bytes());
-                s.cast::<[u8; 4]>().write_unaligned(x.score.to_le_bytes());
-                i = i.add(8);
-                s = s.add(4);
-            }
-        }
-    }
-    Ok(len)
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -403,33 +272,6 @@ pub fn check_k(k: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cosine_slot_queries_are_normalised_like_the_servers() {
-        let dim = 5;
-        let q: Vec<f32> = vec![3.0, -4.0, 0.0, 1e-3, 12.0, 1e20, 2e20, 0.0, 0.0, -1e20];
-        let mut want = q.clone();
-        normalize_queries(&mut want, dim).unwrap();
-        for row in want.chunks(dim) {
-            let n: f64 = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
-            assert!((n - 1.0).abs() < 1e-6, "norm {n}");
-        }
-        // The slot path's private copy gives the same values, bit for bit.
-        let sq = SlotQueries { ptr: q.as_ptr() as *const u8, len: q.len(), cosine_dim: dim };
-        assert_eq!(sq.copy_checked().unwrap(), want);
-        // ip / l2 slot queries are copied as they are.
-        let plain = SlotQueries { cosine_dim: 0, ..sq };
-        assert_eq!(plain.copy_checked().unwrap(), q);
-        // An all-zero query is the request's INVALID_ARGUMENT; a non-finite one stays NON_FINITE.
-        let mut z = q.clone();
-        z[dim..].iter_mut().for_each(|x| *x = 0.0);
-        let zs = SlotQueries { ptr: z.as_ptr() as *const u8, ..sq };
-        assert_eq!(zs.copy_checked().unwrap_err().status, Status::InvalidArgument);
-        let mut nan = q.clone();
-        nan[7] = f32::NAN;
-        let ns = SlotQueries { ptr: nan.as_ptr() as *const u8, ..sq };
-        assert_eq!(ns.copy_checked().unwrap_err().status, Status::NonFinite);
-    }
 
     #[test]
     fn check_finite_reports_the_first_bad_index_in_any_block() {

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use kalos::engine::cpu::{CpuEngine, Isa};
 use kalos::engine::{reference_search, Engine};
 use kalos::store::{Store, UpsertItem, NEVER};
-use kalos::types::{DirectOut, Filter, Hit, Metric, Recency, SearchRequest};
+use kalos::types::{Filter, Hit, Metric, Recency};
+use kalos::wire::{DirectOut, SearchRequest};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -401,12 +402,13 @@ fn direct_body_matches_hits() {
     let mut e = CpuEngine::new(1);
     for &k in &[1usize, 10, 300] {
         let mut slot = vec![0xA5u8; 4 + 12 * 300 + 8];
-        let dout = DirectOut { host: slot.as_mut_ptr(), cap: slot.len(), written: std::cell::Cell::new(0) };
+        // SAFETY: slot is a live buffer borrowed for the view's life.
+        let dout = unsafe { DirectOut::new(slot.as_mut_ptr(), slot.len()) };
         let rq = SearchRequest { direct: Some(&dout), ..req(&q[..dim], 1, k, &all) };
         let out = run(&mut e, &st, &rq);
         let n = out[0].len();
         assert_eq!(n, k);
-        assert_eq!(dout.written.get(), 4 + 12 * n, "k {k}: body length");
+        assert_eq!(dout.written(), 4 + 12 * n, "k {k}: body length");
         assert_eq!(u32::from_le_bytes(slot[..4].try_into().unwrap()) as usize, n);
         for (i, h) in out[0].iter().enumerate() {
             assert_eq!(u64::from_le_bytes(slot[4 + 8 * i..12 + 8 * i].try_into().unwrap()), h.id, "k {k} id {i}");
@@ -417,16 +419,18 @@ fn direct_body_matches_hits() {
     }
     // Too small an area: nothing written, the server encodes the response itself.
     let mut small = vec![0u8; 4 + 12 * 9];
-    let dout = DirectOut { host: small.as_mut_ptr(), cap: small.len(), written: std::cell::Cell::new(0) };
+    // SAFETY: small is a live buffer borrowed for the view's life.
+    let dout = unsafe { DirectOut::new(small.as_mut_ptr(), small.len()) };
     let out = run(&mut e, &st, &SearchRequest { direct: Some(&dout), ..req(&q[..dim], 1, 10, &all) });
     assert_eq!(out[0].len(), 10);
-    assert_eq!(dout.written.get(), 0);
+    assert_eq!(dout.written(), 0);
     assert!(small.iter().all(|&b| b == 0));
     // A batch never writes a direct body (the server offers one only for a lone query anyway).
     let mut slot = vec![0u8; 4096];
-    let dout = DirectOut { host: slot.as_mut_ptr(), cap: slot.len(), written: std::cell::Cell::new(0) };
+    // SAFETY: slot is a live buffer borrowed for the view's life.
+    let dout = unsafe { DirectOut::new(slot.as_mut_ptr(), slot.len()) };
     run(&mut e, &st, &SearchRequest { direct: Some(&dout), ..req(&q, 2, 10, &all) });
-    assert_eq!(dout.written.get(), 0);
+    assert_eq!(dout.written(), 0);
 }
 
 /// The persistent pool's split (awake workers, per-participant chunks for cache-sized tables,

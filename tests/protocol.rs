@@ -413,7 +413,7 @@ fn slot_queries_are_answered_and_checked() {
         let seg = Segment::attach(&name).unwrap();
         let header = |nq: u32| {
             let mut h = Vec::new();
-            for x in [kalos::protocol::OP_RECALL, 3, nq, 0, u32::MAX] {
+            for x in [kalos::wire::OP_RECALL, 3, nq, 0, u32::MAX] {
                 h.extend_from_slice(&x.to_le_bytes());
             }
             h.extend_from_slice(&0f32.to_le_bytes());

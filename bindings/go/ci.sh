@@ -6,7 +6,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-LIB=$ROOT/target/release
+LIB=$(realpath -m "${CARGO_TARGET_DIR:-$ROOT/target}")/release
 
 if [[ ! -f $LIB/libkalos.so || ! -f $LIB/kalosd ]]; then
   echo "== cargo build --release"
@@ -19,6 +19,8 @@ fi
 export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KALOSD=$LIB/kalosd KALOS_REQUIRE_KALOSD=1 KALOS_LIB_DIR=$LIB
 export CGO_ENABLED=1
+# The package's default #cgo LDFLAGS name target/release; this adds the library actually built.
+export CGO_LDFLAGS="-L$LIB${CGO_LDFLAGS:+ $CGO_LDFLAGS}"
 
 cd "$HERE"
 echo "== gofmt"
@@ -33,7 +35,7 @@ echo "== go test with GOEXPERIMENT=cgocheck2 (full cgo pointer checks)"
 GOEXPERIMENT=cgocheck2 go test -count=1 -timeout 600s ./...
 
 echo "== pkg-config build (-tags kalos_pkgconfig)"
-PC=$ROOT/target/release/pkgconfig
+PC=$LIB/pkgconfig
 mkdir -p "$PC"
 "$HERE/gen-pc.sh" "$ROOT/include" "$LIB" > "$PC/kalos.pc"
 PKG_CONFIG_PATH=$PC go vet -tags kalos_pkgconfig ./...

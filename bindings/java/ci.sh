@@ -11,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 profile="${PROFILE:-release}"
-libdir="$root/target/$profile"
+libdir="$(realpath -m "${CARGO_TARGET_DIR:-$root/target}")/$profile"
 flag=""
 [[ "$profile" == release ]] && flag="--release"
 

@@ -1,5 +1,5 @@
 //! Search engines: one trait, a CPU implementation (always present) and a CUDA one (when a GPU
-//! and the CUDA libraries are found at run time).
+//! and the CUDA libraries are found at run time); [`router`] picks the one that serves.
 //!
 //! Score contract, shared by every engine:
 //! - ip: `q·x`; cosine: `q̂·x̂` (both higher is better); l2: `|q−x|²` (lower is better).
@@ -12,10 +12,12 @@
 pub mod cpu;
 pub mod cuda;
 pub mod pool;
+pub mod router;
 
 use crate::error::Result;
 use crate::store::Store;
-use crate::types::{Hit, Metric, SearchRequest};
+use crate::types::{Hit, Metric};
+use crate::wire::SearchRequest;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {

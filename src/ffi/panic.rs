@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::kalos_status;
+use super::abi::kalos_status;
 use crate::error::{Error, Result, Status};
 
 thread_local! {

@@ -62,7 +62,8 @@ use super::pool::Pool;
 use super::{recency_boost, Engine, EngineKind, TopK};
 use crate::error::Result;
 use crate::store::Store;
-use crate::types::{Filter, Hit, Metric, Recency, SearchRequest};
+use crate::types::{Filter, Hit, Metric, Recency};
+use crate::wire::SearchRequest;
 
 mod kernels;
 

@@ -14,7 +14,8 @@ use super::gate::{GATE_CAP, GATE_FIRST_MIN, GATE_TILE_BYTES};
 use super::{align_up, ck, ckb, grow, CudaEngine, DevBuf, Params, NONE_U32};
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{Dtype, Hit, Metric, SearchRequest};
+use crate::types::{Dtype, Hit, Metric};
+use crate::wire::SearchRequest;
 
 /// Bytes of GEMM score tile per batch step. 96 MB beat 24 and 48 MB on the H200
 /// (docs/history/gpu-sessions.md): larger GEMMs run faster than the L2 reuse of a smaller tile
@@ -429,7 +430,7 @@ impl CudaEngine {
             let m = (nq_all - q0).min(nqt);
             // Queries in the client's slot (req.slot) are copied to the device as they are and
             // checked there (check_queries); host queries were checked by the server.
-            let slot = req.slot.map(|sq| (sq.ptr as usize + q0 * dim * 4, m * dim));
+            let slot = req.slot.and_then(|sq| sq.dma_addr(q0 * dim)).map(|(addr, _)| (addr, m * dim));
             let qs: &[f32] = if slot.is_some() { &[] } else { &req.queries[q0 * dim..(q0 + m) * dim] };
             let qn: Vec<f32> =
                 qs.chunks_exact(dim).map(|r| if self.metric == Metric::L2 { r.iter().map(|x| x * x).sum() } else { 0.0 }).collect();

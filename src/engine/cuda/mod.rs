@@ -62,7 +62,8 @@ use super::{Engine, EngineKind};
 use crate::config::Options;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{Dtype, Hit, Metric, SearchRequest, MAX_FILTER_NAMESPACES};
+use crate::types::{Dtype, Hit, Metric, MAX_FILTER_NAMESPACES};
+use crate::wire::SearchRequest;
 
 const NONE_U32: u32 = u32::MAX;
 /// Default work (rows × dim × queries) under which the hybrid engine answers on the CPU.

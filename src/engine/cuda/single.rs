@@ -14,7 +14,8 @@ use super::table::TableArg;
 use super::{ck, cu_err, CudaEngine, DevBuf, HostBuf, Params, NONE_U32};
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{DirectOut, Hit, Metric, SearchRequest};
+use crate::types::{Hit, Metric};
+use crate::wire::{DirectOut, SearchRequest};
 
 /// Single-query blocks per SM for large tables: 1M x 768 f16 went from 475 to 407 us on the H200
 /// with 3 instead of 2.
@@ -272,8 +273,9 @@ impl CudaEngine {
         // The kernel also writes the response body into the client's slot when it is mapped.
         let direct = req.direct.and_then(|d| {
             let (h, len) = self.slots;
-            let off = (d.host as usize).checked_sub(h)?;
-            (self.slots_dev != 0 && d.cap >= DirectOut::body_len(k) && off.checked_add(DirectOut::body_len(k))? <= len)
+            let (host, cap) = d.dma_target();
+            let off = host.checked_sub(h)?;
+            (self.slots_dev != 0 && cap >= DirectOut::body_len(k) && off.checked_add(DirectOut::body_len(k))? <= len)
                 .then_some((d, self.slots_dev + off as u64))
         });
         if let Some((_, dst)) = direct {
@@ -350,7 +352,7 @@ impl CudaEngine {
             hits.push(Hit { id, score });
         }
         if let Some((d, _)) = direct {
-            d.written.set(DirectOut::body_len(count));
+            d.mark_written(DirectOut::body_len(count));
             self.stats.direct_writes += 1;
         }
         Ok(hits)

@@ -67,7 +67,7 @@ public class KalosException extends RuntimeException {
     private final Status status;
     private final int code;
 
-    /** Called from native code ({@code src/jni.rs}) with the raw status code. */
+    /** Called from native code ({@code src/ffi/jni.rs}) with the raw status code. */
     public KalosException(int code, String message) {
         super(Status.fromCode(code).name() + ": " + message);
         this.code = code;

@@ -114,7 +114,7 @@ public final class KalosOptions {
     public Metric metric() { return metric; }
     public long timeoutMs() { return timeoutMs; }
 
-    /** The layout {@code src/jni.rs} expects (OPT_LEN = 18 entries, in this order). */
+    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 18 entries, in this order). */
     long[] toNative() {
         return new long[] {
             role.code, dim, metric.code, dtype.code, backend.code, capacity, slots, slotBytes, mode,

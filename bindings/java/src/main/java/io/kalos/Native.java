@@ -2,7 +2,7 @@ package io.kalos;
 
 import java.nio.Buffer;
 
-/** The JNI surface ({@code src/jni.rs}). Package-private: use {@link Kalos}. */
+/** The JNI surface ({@code src/ffi/jni.rs}). Package-private: use {@link Kalos}. */
 final class Native {
     static {
         NativeLoader.load();

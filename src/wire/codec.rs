@@ -1,38 +1,11 @@
-//! Wire format of requests and responses inside a slot's data area.
-//!
-//! Little-endian, fixed order, no padding. Every read is bounds-checked: the server parses a
-//! private copy of the client's bytes, and a malformed message is answered with an error status.
-//!
-//! Requests start with a `u32` op code. Layouts (after the op):
-//! - RECALL: k u32, nq u32, flags u32, nns u32 (u32::MAX = all namespaces), recency_w f32,
-//!   half_life_ms f64, ns u64[nns], queries f32[nq*dim].
-//!   Response: counts u32[nq], ids u64[Σ], scores f32[Σ]; with FLAG_PAYLOADS also
-//!   lens u32[Σ] (u32::MAX = no payload) and the payload bytes back to back.
-//! - UPSERT: n u32, ns_mode u32 (0 = one namespace for all, 1 = per item), ttl_ms u64 (0 = none),
-//!   expires_ms u64 (u64::MAX = none), ns u64 (mode 0) or u64[n], ids u64[n], vectors f32[n*dim],
-//!   has_payloads u32, then (if 1) lens u32[n] (u32::MAX = none) and bytes. Response: empty.
-//! - DELETE: n u32, ids u64[n]. Response: deleted u64.
-//! - DELETE_NS: ns u64. Response: deleted u64.
-//! - GET: n u32, ids u64[n]. Response per id: ns u64, created u64, expires u64, vector f32[dim],
-//!   len u32 (u32::MAX = none), bytes.
-//! - STATS: nothing. Response: [`StatsWire`] fields as u64s, then the engine name (u32 len + bytes).
-//! - CLEAR: nothing. Response: deleted u64.
-//!
-//! An error response carries the UTF-8 message as its body and a non-zero status.
+//! The codec every message is built from: little-endian fixed-size values and arrays, written
+//! by [`Writer`] and read back, bounds-checked, by [`Reader`].
 
 use std::borrow::Cow;
 
 use crate::error::{Error, Result, Status};
 
-pub const OP_RECALL: u32 = 1;
-pub const OP_UPSERT: u32 = 2;
-pub const OP_DELETE: u32 = 3;
-pub const OP_DELETE_NS: u32 = 4;
-pub const OP_GET: u32 = 5;
-pub const OP_STATS: u32 = 6;
-pub const OP_CLEAR: u32 = 7;
-
-pub const FLAG_PAYLOADS: u32 = 1;
+/// Marks an absent length or list where the layout has a u32 (no payload, all namespaces).
 pub const NONE_U32: u32 = u32::MAX;
 
 #[derive(Default)]
@@ -172,92 +145,5 @@ impl<'a> Reader<'a> {
         let mut v = Vec::new();
         self.f32s_into(n, &mut v, what)?;
         Ok(v)
-    }
-}
-
-/// Server statistics as carried by an OP_STATS response.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Stats {
-    pub count: u64,
-    pub capacity: u64,
-    pub dim: u64,
-    pub metric: u64,
-    pub dtype: u64,
-    /// 1 = cpu, 2 = cuda.
-    pub engine: u64,
-    pub requests: u64,
-    pub queries: u64,
-    pub batches: u64,
-    pub errors: u64,
-    /// Server-side service time percentiles of the last 4096 recall requests, in nanoseconds.
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    /// Submitted requests waiting when the last batch was taken.
-    pub queue_depth: u64,
-    pub server_pid: u64,
-    pub epoch: u64,
-    pub payload_bytes: u64,
-    pub uptime_ms: u64,
-    /// Number of times the GPU engine failed and the server fell back to the CPU.
-    pub engine_fallbacks: u64,
-    pub engine_name: String,
-    /// Why the CUDA engine is not serving: it could not start under backend auto, or it failed
-    /// while serving. Empty when nothing fell back.
-    pub fallback_reason: String,
-}
-
-impl Stats {
-    pub fn encode(&self, w: &mut Writer) {
-        w.u64s(&[
-            self.count,
-            self.capacity,
-            self.dim,
-            self.metric,
-            self.dtype,
-            self.engine,
-            self.requests,
-            self.queries,
-            self.batches,
-            self.errors,
-            self.p50_ns,
-            self.p99_ns,
-            self.queue_depth,
-            self.server_pid,
-            self.epoch,
-            self.payload_bytes,
-            self.uptime_ms,
-            self.engine_fallbacks,
-        ]);
-        w.u32(self.engine_name.len() as u32).bytes(self.engine_name.as_bytes());
-        w.u32(self.fallback_reason.len() as u32).bytes(self.fallback_reason.as_bytes());
-    }
-    pub fn decode(r: &mut Reader<'_>) -> Result<Stats> {
-        let v = r.u64s(18, "stats")?;
-        let n = r.u32("engine name length")? as usize;
-        let name = String::from_utf8_lossy(r.take(n, "engine name")?).into_owned();
-        let n = r.u32("fallback reason length")? as usize;
-        let fallback_reason = String::from_utf8_lossy(r.take(n, "fallback reason")?).into_owned();
-        Ok(Stats {
-            count: v[0],
-            capacity: v[1],
-            dim: v[2],
-            metric: v[3],
-            dtype: v[4],
-            engine: v[5],
-            requests: v[6],
-            queries: v[7],
-            batches: v[8],
-            errors: v[9],
-            p50_ns: v[10],
-            p99_ns: v[11],
-            queue_depth: v[12],
-            server_pid: v[13],
-            epoch: v[14],
-            payload_bytes: v[15],
-            uptime_ms: v[16],
-            engine_fallbacks: v[17],
-            engine_name: name,
-            fallback_reason,
-        })
     }
 }

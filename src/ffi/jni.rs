@@ -1,6 +1,6 @@
 //! JNI exports for the Java binding (`bindings/java`, class `io.kalos.Native`).
 //!
-//! Hidden from cbindgen (see `lib.rs`): these symbols are not part of the C API, but they live in
+//! Hidden from cbindgen (see `ffi/mod.rs`): these symbols are not part of the C API, but they live in
 //! the same `libkalos.so`, so one library serves C, Python, Go and Java.
 //!
 //! Rules every export follows:

@@ -1,0 +1,218 @@
+//! The client side: opening a store (any role), and every request as a slot round trip.
+//!
+//! Wait strategy: after submitting, a client spins for `client_spin_ns` (bounded), then sleeps
+//! in a shared futex wait on its slot's state word in steps of at most 20 ms, checking the
+//! server's liveness and its own deadline between steps. Nothing blocks without a deadline.
+//! When the handle's recent answers took longer than `client_spin_ns` (a GPU search of a large
+//! table), the spin window stretches to twice the recent answer time, at most
+//! [`ADAPTIVE_SPIN_CAP`]: a futex wake-up costs ~10 µs, which a 60 µs request should not pay.
+//! `client_spin_ns = 0` still means "sleep at once".
+//!
+//! - this file: [`Kalos`] (open, attach, roles, close) and the per-call option types.
+//! - `slot`: one request/response round trip: claiming a slot, waiting, deadlines, abandoning.
+//! - `recall`: the recall calls (one query, with payloads, batches).
+//! - `ops`: upsert, delete, clear, get and stats.
+//!
+//! Requests are encoded and responses parsed by [`crate::wire`].
+
+mod ops;
+mod recall;
+mod slot;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result, Status};
+use crate::server::{self, ServerHandle};
+use crate::shm::{self, Segment};
+use crate::store::NEVER;
+use crate::types::{validate_name, Metric, Recency, Role};
+
+pub use crate::config::{Options, ADAPTIVE_SPIN_CAP};
+pub use crate::wire::request::Namespaces;
+
+/// Per-call recall options.
+#[derive(Debug, Clone, Default)]
+pub struct RecallOptions {
+    /// `None` = all namespaces; otherwise at most 64.
+    pub namespaces: Option<Vec<u64>>,
+    pub recency: Option<Recency>,
+    /// Overrides the handle's default deadline.
+    pub timeout_ms: Option<u64>,
+}
+
+/// Per-call upsert options.
+#[derive(Debug, Clone)]
+pub struct UpsertOptions<'a> {
+    pub namespaces: Namespaces<'a>,
+    /// One entry per item (`None` = no payload), or `None` for no payloads at all.
+    pub payloads: Option<Vec<Option<&'a [u8]>>>,
+    /// Time to live from now, in ms (0 = none).
+    pub ttl_ms: u64,
+    /// Absolute expiry in unix ms ([`NEVER`] = none). Must be in the future.
+    pub expires_ms: u64,
+    pub timeout_ms: Option<u64>,
+}
+
+impl Default for UpsertOptions<'_> {
+    fn default() -> Self {
+        UpsertOptions { namespaces: Namespaces::One(0), payloads: None, ttl_ms: 0, expires_ms: NEVER, timeout_ms: None }
+    }
+}
+
+/// A recall result with payloads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PayloadHit {
+    pub id: u64,
+    pub score: f32,
+    pub payload: Option<Vec<u8>>,
+}
+
+/// An open store. Safe to share between threads (`Sync`): each call claims its own slot.
+pub struct Kalos {
+    seg: Arc<Segment>,
+    server: Mutex<Option<ServerHandle>>,
+    name: String,
+    dim: usize,
+    metric: Metric,
+    spin_ns: u64,
+    timeout_ms: u64,
+    heartbeat_timeout_ms: u64,
+    pid: u32,
+    start_ticks: u64,
+    next_slot: AtomicUsize,
+    closed: AtomicBool,
+    /// Smoothed answer time of this handle's recent requests (ns): stretches the spin window.
+    recent_ns: AtomicU64,
+}
+
+fn deadline_after(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms.min(365 * 24 * 3600 * 1000))
+}
+
+impl Kalos {
+    /// Opens the store `name` in the role `opts.role` (see [`Role`]).
+    pub fn open(name: &str, opts: &Options) -> Result<Kalos> {
+        validate_name(name)?;
+        // The environment's knobs are read here, once per process; a bad value fails the open.
+        crate::config::tuning()?;
+        let deadline = deadline_after(opts.timeout_ms);
+        loop {
+            match opts.role {
+                Role::Server => {
+                    let (seg, server) = server::start(name, opts)?;
+                    return Ok(Self::from_segment(name, seg, Some(server), opts));
+                }
+                Role::Client => match Self::attach(name, opts) {
+                    Ok(k) => return Ok(k),
+                    Err(e) if e.status == Status::NotFound && e.message.contains("starting") && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(e),
+                },
+                Role::Auto => {
+                    match Self::attach(name, opts) {
+                        Ok(k) => return Ok(k),
+                        Err(e) if matches!(e.status, Status::NotFound | Status::ServerGone) => {}
+                        Err(e) => return Err(e),
+                    }
+                    match server::start(name, opts) {
+                        Ok((seg, server)) => return Ok(Self::from_segment(name, seg, Some(server), opts)),
+                        // Another process won the election and is starting: attach to it.
+                        Err(e) if e.status == Status::AlreadyExists && Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(Status::Timeout, format!("store {name:?} did not become ready within {} ms", opts.timeout_ms)));
+            }
+        }
+    }
+
+    fn attach(name: &str, opts: &Options) -> Result<Kalos> {
+        let seg = Segment::attach(name)?;
+        if !seg.server_alive() {
+            return Err(Error::new(Status::ServerGone, format!("the server of store {name:?} is gone (stale segment)")));
+        }
+        if opts.dim != 0 && opts.dim != seg.geometry.dim {
+            return Err(Error::new(
+                Status::DimensionMismatch,
+                format!("store {name:?} has dimension {}, the options ask for {}", seg.geometry.dim, opts.dim),
+            ));
+        }
+        Ok(Self::from_segment(name, Arc::new(seg), None, opts))
+    }
+
+    fn from_segment(name: &str, seg: Arc<Segment>, server: Option<ServerHandle>, opts: &Options) -> Kalos {
+        let g = seg.geometry.clone();
+        Kalos {
+            seg,
+            server: Mutex::new(server),
+            name: name.to_string(),
+            dim: g.dim as usize,
+            metric: Metric::from_u32(g.metric).unwrap_or(Metric::InnerProduct),
+            spin_ns: opts.client_spin_ns,
+            timeout_ms: opts.timeout_ms,
+            heartbeat_timeout_ms: opts.heartbeat_timeout_ms.max(100),
+            pid: std::process::id(),
+            start_ticks: shm::self_start_ticks(),
+            next_slot: AtomicUsize::new(std::process::id() as usize),
+            recent_ns: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+    /// True when this handle runs the server thread.
+    pub fn is_server(&self) -> bool {
+        self.server.lock().map(|s| s.is_some()).unwrap_or(false)
+    }
+    /// Largest request or response body one slot carries.
+    pub fn slot_bytes(&self) -> usize {
+        self.seg.data_bytes()
+    }
+    pub fn max_payload_bytes(&self) -> usize {
+        self.seg.geometry.max_payload as usize
+    }
+
+    /// Stops the server thread (role server) and marks the handle closed. Idempotent; later
+    /// calls fail with `Closed`.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut s) = self.server.lock() {
+            if let Some(srv) = s.take() {
+                srv.stop();
+            }
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::new(Status::Closed, "the handle is closed"));
+        }
+        Ok(())
+    }
+
+    /// The segment (for tests and tools).
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+}
+
+impl Drop for Kalos {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

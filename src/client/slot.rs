@@ -1,0 +1,279 @@
+//! One request/response round trip through a slot: claim a free slot, write the request, submit
+//! it (ringing the doorbell when the server is parked), wait for the answer within the deadline
+//! (spin, then sleep on the slot's futex), read the response and free the slot. A deadline that
+//! passes withdraws the request (`abandon`).
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{deadline_after, Kalos};
+use crate::config::ADAPTIVE_SPIN_CAP;
+use crate::error::{Error, Result, Status};
+use crate::shm::{self, futex};
+use crate::types::non_finite;
+use crate::wire::response::error_message;
+
+/// f32 values sent after a request's parts, checked to be finite as they are copied into the
+/// slot; an error names `what` and the value's index in the caller's array (`base` + offset).
+pub(super) struct Finite<'a> {
+    pub(super) v: &'a [f32],
+    pub(super) what: &'static str,
+    pub(super) base: usize,
+}
+
+/// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
+fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
+    if spin_ns == 0 {
+        return Duration::ZERO;
+    }
+    let adaptive = recent_ns.saturating_mul(2).min(ADAPTIVE_SPIN_CAP.as_nanos() as u64);
+    Duration::from_nanos(spin_ns.max(adaptive))
+}
+
+thread_local! {
+    static RESP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `KALOS_CLIENT_TRACE=1`: every batch call prints where its time went to stderr (a tuning aid
+/// for the GPU benchmarks, where a batch's client side was once mis-estimated). Read once.
+fn trace_batches() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::config::tuning_or_default().client_trace)
+}
+
+impl Kalos {
+    fn server_gone_reason(&self) -> Option<String> {
+        let h = self.seg.header();
+        let st = h.server_state.load(Ordering::Acquire);
+        if st == shm::SERVER_STOPPED {
+            return Some(format!("the server of {:?} shut down", self.name));
+        }
+        if st == shm::SERVER_DEAD {
+            return Some(format!("the server thread of {:?} failed and stopped", self.name));
+        }
+        let pid = h.server_pid.load(Ordering::Relaxed);
+        if !shm::process_alive(pid, h.server_start_ticks.load(Ordering::Relaxed)) {
+            return Some(format!("the server process {pid} of {:?} is gone", self.name));
+        }
+        let hb = h.heartbeat_ms.load(Ordering::Relaxed);
+        let now = shm::monotonic_ms();
+        if now > hb + self.heartbeat_timeout_ms {
+            return Some(format!("the server of {:?} has not sent a heartbeat for {} ms", self.name, now - hb));
+        }
+        None
+    }
+
+    /// One request/response round trip through a slot. `parse` runs on a private copy of the
+    /// response body.
+    pub(super) fn call<R>(&self, req: &[u8], timeout_ms: Option<u64>, parse: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        self.call_parts(&[req], None, timeout_ms, parse)
+    }
+
+    /// `call` with the request given as consecutive parts, written straight into the slot (a
+    /// batch's queries are not copied into a request buffer first).
+    /// `floats`, when given, follows the parts: values checked to be finite as they are copied
+    /// (`Finite`); a non-finite one fails the call with `NON_FINITE` before anything is sent.
+    pub(super) fn call_parts<R>(
+        &self,
+        parts: &[&[u8]],
+        floats: Option<Finite<'_>>,
+        timeout_ms: Option<u64>,
+        parse: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
+        self.check_open()?;
+        let req_len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + floats.as_ref().map_or(0, |f| f.v.len() * 4);
+        if req_len > self.seg.data_bytes() {
+            return Err(Error::new(
+                Status::TooLarge,
+                format!("request of {req_len} bytes exceeds the slot size of {} bytes (option slot_bytes)", self.seg.data_bytes()),
+            ));
+        }
+        let t_start = (floats.is_some() && trace_batches()).then(Instant::now);
+        let deadline = deadline_after(timeout_ms.unwrap_or(self.timeout_ms));
+        let (slot_i, word) = self.claim(deadline)?;
+        let slot = self.seg.slot(slot_i);
+        slot.client_start_ticks.store(self.start_ticks, Ordering::Relaxed);
+        slot.req_len.store(req_len as u32, Ordering::Relaxed);
+        let mut off = 0;
+        for p in parts {
+            self.seg.write_data(slot_i, off, p);
+            off += p.len();
+        }
+        if let Some(f) = &floats {
+            if let Err(i) = self.seg.write_finite_f32(slot_i, off, f.v) {
+                // Give the slot back unsubmitted (the same claim, state FREE).
+                slot.client_start_ticks.store(0, Ordering::Relaxed);
+                let _ =
+                    slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+                return Err(non_finite(f.what, f.v[i], f.base + i));
+            }
+        }
+        let submitted = shm::with_state(word, shm::SLOT_SUBMITTED);
+        if slot.state.compare_exchange(word, submitted, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            return Err(Error::new(Status::Internal, "request slot was reclaimed while being written"));
+        }
+        let t_submitted = t_start.map(|_| Instant::now());
+        let h = self.seg.header();
+        if h.server_parked.load(Ordering::SeqCst) != 0 {
+            h.doorbell.fetch_add(1, Ordering::SeqCst);
+            futex::wake(&h.doorbell, 1);
+        }
+        self.wait_done(slot_i, submitted, deadline)?;
+        let t_answered = t_start.map(|_| Instant::now());
+        let status = Status::from_u32(slot.status.load(Ordering::Acquire));
+        let len = (slot.resp_len.load(Ordering::Acquire) as usize).min(self.seg.data_bytes());
+        RESP.with(|r| {
+            let mut buf = r.borrow_mut();
+            self.seg.read_data(slot_i, &mut buf, len);
+            // Release the slot (same claim, state FREE, pid cleared).
+            slot.client_start_ticks.store(0, Ordering::Relaxed);
+            let done = shm::with_state(submitted, shm::SLOT_DONE);
+            let _ = slot.state.compare_exchange(done, shm::pack(0, shm::gen_of(done), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+            if status != Status::Ok {
+                return Err(Error::new(status, error_message(&buf)));
+            }
+            let t_read = t_start.map(|_| Instant::now());
+            let r = parse(&buf);
+            if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t_start, t_submitted, t_answered, t_read) {
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                eprintln!(
+                    "kalos client trace: {req_len} B batch request: claim + checked copy {:.1} us, submit -> answer {:.1} us, response read {:.1} us, parsed {:.1} us",
+                    us(t1 - t0),
+                    us(t2 - t1),
+                    us(t3 - t2),
+                    us(t3.elapsed())
+                );
+            }
+            r
+        })
+    }
+
+    fn claim(&self, deadline: Instant) -> Result<(usize, u64)> {
+        let n = self.seg.slot_count();
+        let mut spins = 0u32;
+        loop {
+            let start = self.next_slot.fetch_add(1, Ordering::Relaxed);
+            for j in 0..n {
+                let i = (start + j) % n;
+                let slot = self.seg.slot(i);
+                let w = slot.state.load(Ordering::Relaxed);
+                if shm::state_of(w) == shm::SLOT_FREE {
+                    let claimed = shm::pack(self.pid, shm::gen_of(w) + 1, shm::SLOT_CLAIMED);
+                    if slot.state.compare_exchange(w, claimed, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                        return Ok((i, claimed));
+                    }
+                }
+            }
+            if let Some(reason) = self.server_gone_reason() {
+                return Err(Error::new(Status::ServerGone, reason));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(Status::Timeout, format!("all {n} request slots stayed busy until the deadline")));
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if spins < 128 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn wait_done(&self, slot_i: usize, submitted: u64, deadline: Instant) -> Result<()> {
+        let slot = self.seg.slot(slot_i);
+        let done = shm::with_state(submitted, shm::SLOT_DONE);
+        let t0 = Instant::now();
+        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed));
+        // Smoothed answer time (1/4 of the new sample): only completed waits update it.
+        let note = |t0: Instant| {
+            let e = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            let r = self.recent_ns.load(Ordering::Relaxed);
+            self.recent_ns.store(if r == 0 { e } else { r - r / 4 + e / 4 }, Ordering::Relaxed);
+        };
+        if !spin.is_zero() {
+            // Busy-wait for the first few microseconds (a warm server answers a small request in
+            // about a microsecond), then keep polling but yield the CPU between polls: when the
+            // machine has fewer free cores than spinners, a pure spin would hold the core the
+            // server needs for the rest of its time slice.
+            let hot = Duration::from_nanos(self.spin_ns.min(5_000));
+            let mut i = 0u32;
+            loop {
+                if slot.state.load(Ordering::Acquire) == done {
+                    note(t0);
+                    return Ok(());
+                }
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(32) {
+                    let e = t0.elapsed();
+                    if e >= spin {
+                        break;
+                    }
+                    if e >= hot {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
+                std::hint::spin_loop();
+            }
+        }
+        loop {
+            slot.waiting.store(1, Ordering::SeqCst);
+            let w = slot.state.load(Ordering::SeqCst);
+            if w == done {
+                slot.waiting.store(0, Ordering::Relaxed);
+                note(t0);
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                slot.waiting.store(0, Ordering::Relaxed);
+                return self.abandon(slot_i, submitted);
+            }
+            let step = (deadline - now).min(Duration::from_millis(20));
+            futex::wait(shm::low_word(&slot.state), w as u32, step);
+            if slot.state.load(Ordering::Acquire) != done {
+                if let Some(reason) = self.server_gone_reason() {
+                    slot.waiting.store(0, Ordering::Relaxed);
+                    return Err(Error::new(Status::ServerGone, reason));
+                }
+            }
+        }
+    }
+
+    /// Deadline passed: withdraw the request so its slot is recycled and no later result can
+    /// reach this caller. If the result landed in the meantime, take it.
+    fn abandon(&self, slot_i: usize, submitted: u64) -> Result<()> {
+        let slot = self.seg.slot(slot_i);
+        let free = shm::pack(0, shm::gen_of(submitted), shm::SLOT_FREE);
+        if slot.state.compare_exchange(submitted, free, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return Err(Error::new(Status::Timeout, "deadline passed before the server took the request (it did not run)"));
+        }
+        let processing = shm::with_state(submitted, shm::SLOT_PROCESSING);
+        let abandoned = shm::with_state(submitted, shm::SLOT_ABANDONED);
+        if slot.state.compare_exchange(processing, abandoned, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return Err(Error::new(Status::Timeout, "deadline passed while the server was running the request (it may have taken effect)"));
+        }
+        if slot.state.load(Ordering::Acquire) == shm::with_state(submitted, shm::SLOT_DONE) {
+            return Ok(());
+        }
+        Err(Error::new(Status::Timeout, "deadline passed and the request slot was reclaimed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_window_stretches_to_recent_answers_within_the_cap() {
+        assert_eq!(spin_window(0, 80_000), Duration::ZERO, "0 keeps meaning sleep at once");
+        assert_eq!(spin_window(50_000, 0), Duration::from_micros(50));
+        assert_eq!(spin_window(50_000, 10_000), Duration::from_micros(50));
+        assert_eq!(spin_window(50_000, 60_000), Duration::from_micros(120));
+        assert_eq!(spin_window(50_000, 10_000_000), ADAPTIVE_SPIN_CAP);
+        assert_eq!(spin_window(2_000_000, 10_000_000), Duration::from_millis(2), "a longer configured spin wins");
+    }
+}

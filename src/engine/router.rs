@@ -1,0 +1,80 @@
+//! Which engine serves: the backend choice when the server starts, and the CPU engine that takes
+//! over when the CUDA engine fails while serving. The [`Router`] keeps why the CUDA engine is not
+//! serving and how often it failed, for the server's stats.
+
+use super::cpu::CpuEngine;
+use super::{cuda, Engine, EngineKind};
+use crate::config::Options;
+use crate::error::{Error, Result};
+use crate::store::Store;
+use crate::types::Backend;
+
+/// Resolves the engine choice: an explicit option wins; with `Auto`, `KALOS_BACKEND` decides.
+pub fn resolve_backend(opt: Backend) -> Result<Backend> {
+    if opt != Backend::Auto {
+        return Ok(opt);
+    }
+    Ok(crate::config::tuning()?.backend.unwrap_or(Backend::Auto))
+}
+
+/// The server's engine choice, made once at start and revised only by a CUDA failure.
+#[derive(Debug)]
+pub struct Router {
+    /// CPU engine threads and spin window (options `threads`, `server_spin_ns`).
+    threads: usize,
+    spin_ns: u64,
+    fallbacks: u64,
+    reason: String,
+}
+
+impl Router {
+    /// The engine for `backend` (already resolved, [`resolve_backend`]) and its router. Under
+    /// `Auto` the CPU engine serves when the CUDA engine cannot start (no driver, a compile error,
+    /// out of memory, an unsupported device); the router keeps why.
+    pub fn start(backend: Backend, opts: &Options, store: &Store) -> Result<(Box<dyn Engine>, Router)> {
+        let mut router = Router { threads: opts.threads as usize, spin_ns: opts.server_spin_ns, fallbacks: 0, reason: String::new() };
+        let engine = match backend {
+            Backend::Cpu => router.cpu(),
+            Backend::Cuda => cuda::create(opts, store)?,
+            // Auto: the GPU when one is usable, with a cost model that keeps requests too small to
+            // pay for a GPU round trip on the CPU (cuda::create_auto); else the CPU engine.
+            Backend::Auto => match cuda::create_auto(opts, store) {
+                Ok(e) => e,
+                Err(e) => {
+                    router.reason = e.message;
+                    router.cpu()
+                }
+            },
+        };
+        Ok((engine, router))
+    }
+
+    fn cpu(&self) -> Box<dyn Engine> {
+        Box::new(CpuEngine::for_server(self.threads, self.spin_ns))
+    }
+
+    /// `engine` failed with `e`: a GPU engine is replaced by the CPU engine, which serves from
+    /// now on (the failure is counted and becomes the reported reason). The CPU engine failing
+    /// changes nothing.
+    pub fn engine_failed(&mut self, engine: &mut Box<dyn Engine>, store: &Store, e: Error) {
+        if engine.kind() != EngineKind::Cpu {
+            eprintln!("kalos: engine {} failed ({e}); falling back to the CPU engine", engine.describe());
+            self.fallbacks += 1;
+            self.reason = format!("the CUDA engine failed while serving: {e}");
+            let mut cpu = self.cpu();
+            let _ = cpu.sync(store, &[]);
+            *engine = cpu;
+        }
+    }
+
+    /// Times the GPU engine failed and the CPU engine took over.
+    pub fn fallbacks(&self) -> u64 {
+        self.fallbacks
+    }
+
+    /// Why the CUDA engine is not serving (it could not start under backend auto, or it failed
+    /// while serving); empty otherwise.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}

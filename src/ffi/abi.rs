@@ -1,0 +1,419 @@
+//! The C side's types: the status codes, the constants, the `#[repr(C)]` structs, and the
+//! options struct's defaults, initialisers and reading (any `struct_size` from the first layout
+//! on).
+
+use std::ffi::{c_char, CStr};
+use std::path::PathBuf;
+
+use crate::client::{Kalos, Options};
+use crate::error::{Error, Result, Status};
+use crate::types::{Backend, Dtype, Metric, Role, SyncPolicy};
+
+/// Status code returned by every function (`KALOS_OK` = 0).
+#[allow(non_camel_case_types)]
+pub type kalos_status = i32;
+
+/// The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
+/// appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
+/// read back from C is well defined.
+#[allow(non_camel_case_types)]
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kalos_status_code {
+    /// Success.
+    KALOS_OK = 0,
+    /// An argument is invalid (the message says which and why).
+    KALOS_INVALID_ARGUMENT = 1,
+    /// A required pointer argument was NULL.
+    KALOS_NULL_POINTER = 2,
+    /// A vector or query does not have the store's dimension.
+    KALOS_DIMENSION_MISMATCH = 3,
+    /// k is 0 or above KALOS_MAX_K.
+    KALOS_K_OUT_OF_RANGE = 4,
+    /// A query or vector holds NaN or Inf.
+    KALOS_NON_FINITE = 5,
+    /// The store name is invalid.
+    KALOS_INVALID_NAME = 6,
+    /// The store is at capacity; nothing was written.
+    KALOS_STORE_FULL = 7,
+    /// The segment was made by another layout version.
+    KALOS_VERSION_MISMATCH = 8,
+    /// An id, or the store itself (role client), does not exist.
+    KALOS_NOT_FOUND = 9,
+    /// A live server already owns the name (role server).
+    KALOS_ALREADY_EXISTS = 10,
+    /// The deadline passed.
+    KALOS_TIMEOUT = 11,
+    /// The server is gone; reopen to reach a new one.
+    KALOS_SERVER_GONE = 12,
+    /// A caller buffer is too small.
+    KALOS_BUFFER_TOO_SMALL = 13,
+    /// A payload exceeds max_payload_bytes.
+    KALOS_PAYLOAD_TOO_LARGE = 14,
+    /// Corrupt data file or segment.
+    KALOS_CORRUPT = 15,
+    /// An operating-system call failed.
+    KALOS_IO = 16,
+    /// The data directory is locked by another live server.
+    KALOS_LOCKED = 17,
+    /// The requested engine is not available here.
+    KALOS_BACKEND_UNAVAILABLE = 18,
+    /// The GPU engine failed.
+    KALOS_CUDA = 19,
+    /// Permission denied (segment of another user).
+    KALOS_PERMISSION_DENIED = 20,
+    /// The request does not fit in a slot; raise slot_bytes.
+    KALOS_TOO_LARGE = 21,
+    /// The handle is closed.
+    KALOS_CLOSED = 22,
+    /// A panic was caught at the API boundary.
+    KALOS_PANIC = 23,
+    /// An internal invariant failed.
+    KALOS_INTERNAL = 24,
+}
+
+/// Largest k a recall accepts.
+pub const KALOS_MAX_K: u32 = 1024;
+/// Largest number of namespaces in one recall filter.
+pub const KALOS_MAX_FILTER_NAMESPACES: u32 = 64;
+/// Marks "no payload" in a payload length array.
+pub const KALOS_NO_PAYLOAD: u32 = u32::MAX;
+
+/// Role: attach to a live server, else become it.
+pub const KALOS_ROLE_AUTO: u32 = 0;
+/// Role: create the store and run the server thread in this process.
+pub const KALOS_ROLE_SERVER: u32 = 1;
+/// Role: attach to an existing server.
+pub const KALOS_ROLE_CLIENT: u32 = 2;
+/// Metric: inner product (higher is better).
+pub const KALOS_METRIC_IP: u32 = 0;
+/// Metric: cosine similarity (higher is better).
+pub const KALOS_METRIC_COSINE: u32 = 1;
+/// Metric: squared Euclidean distance (lower is better).
+pub const KALOS_METRIC_L2: u32 = 2;
+/// Storage dtype f32.
+pub const KALOS_DTYPE_F32: u32 = 0;
+/// Storage dtype f16 (GPU copy).
+pub const KALOS_DTYPE_F16: u32 = 1;
+/// Storage dtype bf16 (GPU copy).
+pub const KALOS_DTYPE_BF16: u32 = 2;
+/// Engine: pick by table size and device (KALOS_BACKEND env may force one).
+pub const KALOS_BACKEND_AUTO: u32 = 0;
+/// Engine: exact SIMD CPU scan.
+pub const KALOS_BACKEND_CPU: u32 = 1;
+/// Engine: CUDA.
+pub const KALOS_BACKEND_CUDA: u32 = 2;
+/// WAL sync: fsync before every acknowledgement (group commit).
+pub const KALOS_SYNC_ALWAYS: u32 = 0;
+/// WAL sync: fsync every sync_interval_ms.
+pub const KALOS_SYNC_INTERVAL: u32 = 1;
+/// WAL sync: never fsync (the OS decides).
+pub const KALOS_SYNC_NEVER: u32 = 2;
+
+/// An open store. Opaque; created by `kalos_open`, freed by `kalos_close`.
+#[allow(non_camel_case_types)]
+pub struct kalos_handle {
+    pub(super) inner: Kalos,
+}
+
+/// Options for `kalos_open`. Always initialise with `kalos_options_init` and then change
+/// fields: `struct_size` lets later versions add fields without breaking old callers.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_options {
+    /// `sizeof(kalos_options)`, set by `kalos_options_init`.
+    pub struct_size: u32,
+    /// `KALOS_ROLE_*` (default AUTO).
+    pub role: u32,
+    /// Vector dimension: required to create a store; 0 or the server's value for a client.
+    pub dim: u32,
+    /// `KALOS_METRIC_*` (default COSINE).
+    pub metric: u32,
+    /// `KALOS_DTYPE_*` (default F32).
+    pub dtype: u32,
+    /// `KALOS_BACKEND_*` (default AUTO).
+    pub backend: u32,
+    /// Maximum number of memories (default 1048576).
+    pub capacity: u64,
+    /// Request slots in the segment (default 32).
+    pub slots: u32,
+    /// Data bytes per slot (default 1 MiB); bounds one request or response.
+    pub slot_bytes: u32,
+    /// Permission bits of the segment (default 0600).
+    pub mode: u32,
+    /// Largest payload per memory (default 65536).
+    pub max_payload_bytes: u32,
+    /// Client busy-wait before sleeping, ns (default 50000; 0 = sleep at once). When the handle's
+    /// recent answers took longer, the wait stretches to twice their time, at most 500 µs.
+    pub client_spin_ns: u64,
+    /// Server busy-poll window after the last request, ns (default 2000000; 0 = park at once).
+    pub server_spin_ns: u64,
+    /// Default deadline of every call, ms (default 5000).
+    pub timeout_ms: u64,
+    /// A server silent for longer is treated as gone, ms (default 10000).
+    pub heartbeat_timeout_ms: u64,
+    /// Data directory for the write-ahead log and snapshots; NULL = memory only. Copied.
+    pub data_dir: *const c_char,
+    /// `KALOS_SYNC_*` (default ALWAYS).
+    pub sync_policy: u32,
+    /// CPU engine threads (default 0 = all cores; on hosts of 8 or more cores, all but one).
+    /// On hosts of 8 or more cores the engine's worker threads stay awake (busy-polling) for
+    /// `server_spin_ns` after each request, as the server thread does, so scans of tables from
+    /// 256 KiB up are split across them; then they sleep. 1 = the server thread alone.
+    pub threads: u32,
+    /// Interval of `KALOS_SYNC_INTERVAL`, ms (default 100).
+    pub sync_interval_ms: u64,
+    /// GPU memory the CUDA engine may use, bytes (default 0 = 90% of free memory).
+    pub gpu_memory_bytes: u64,
+}
+
+/// Per-call recall parameters; pass NULL for the defaults. Initialise with
+/// `kalos_recall_params_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_recall_params {
+    /// `sizeof(kalos_recall_params)`.
+    pub struct_size: u32,
+    pub _reserved: u32,
+    /// Namespace filter: NULL (and length 0) = all namespaces; else up to 64 namespaces.
+    pub namespaces: *const u64,
+    pub namespaces_len: usize,
+    /// Recency weight w in [0, 1] (0 = off; ip and cosine only):
+    /// `score' = (1-w)*score + w*2^(-age_ms/half_life_ms)`.
+    pub recency_weight: f32,
+    pub _reserved2: u32,
+    /// Recency half-life in ms (> 0 when recency_weight > 0).
+    pub recency_half_life_ms: f64,
+    /// Deadline of this call in ms (0 = the handle's default).
+    pub timeout_ms: u64,
+}
+
+/// The arguments of one `kalos_recall` call in a struct, for `kalos_recall_with`: callers whose
+/// foreign calls cost per argument (Python ctypes: ~70 ns each) fill it once and change only
+/// `query` (and `k`) per call. Fields as the parameters of `kalos_recall`; `count` is written by
+/// the call. Initialise with `kalos_recall_args_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_recall_args {
+    /// `sizeof(kalos_recall_args)`.
+    pub struct_size: u32,
+    /// Results wanted (1 to 1024).
+    pub k: u32,
+    pub handle: *const kalos_handle,
+    pub query: *const f32,
+    pub query_len: usize,
+    /// NULL for the defaults.
+    pub params: *const kalos_recall_params,
+    pub ids: *mut u64,
+    pub ids_len: usize,
+    pub scores: *mut f32,
+    pub scores_len: usize,
+    /// Out: the number of hits written (on success only, like every output).
+    pub count: usize,
+}
+
+/// Per-call upsert parameters; pass NULL for the defaults (namespace 0, no payloads, no
+/// expiry). Initialise with `kalos_upsert_params_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_upsert_params {
+    /// `sizeof(kalos_upsert_params)`.
+    pub struct_size: u32,
+    pub _reserved: u32,
+    /// Namespace of every item when `namespaces` is NULL.
+    pub namespace_id: u64,
+    /// One namespace per item, or NULL.
+    pub namespaces: *const u64,
+    pub namespaces_len: usize,
+    /// Payload bytes of all items, back to back (may be NULL when every length is 0 or none).
+    pub payloads: *const u8,
+    pub payloads_len: usize,
+    /// One length per item (`KALOS_NO_PAYLOAD` = none), or NULL for no payloads.
+    pub payload_lens: *const u32,
+    pub payload_lens_len: usize,
+    /// Time to live from now in ms (0 = none).
+    pub ttl_ms: u64,
+    /// Absolute expiry in unix ms (0 = none); must be in the future.
+    pub expires_at_ms: u64,
+    /// Deadline of this call in ms (0 = the handle's default).
+    pub timeout_ms: u64,
+}
+
+/// Server statistics filled by `kalos_stats`. Set `struct_size` before the call.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_stats_info {
+    /// `sizeof(kalos_stats_info)`, set by the caller.
+    pub struct_size: u32,
+    /// Engine that serves: `KALOS_BACKEND_CPU` or `KALOS_BACKEND_CUDA`.
+    pub engine: u32,
+    pub count: u64,
+    pub capacity: u64,
+    pub dim: u32,
+    pub metric: u32,
+    pub dtype: u32,
+    pub _reserved: u32,
+    pub requests: u64,
+    pub queries: u64,
+    pub batches: u64,
+    pub errors: u64,
+    /// Server-side service time percentiles of the last 4096 recall requests, ns.
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    /// Requests taken in the last batch.
+    pub queue_depth: u64,
+    pub server_pid: u64,
+    pub epoch: u64,
+    pub payload_bytes: u64,
+    pub uptime_ms: u64,
+    /// Times the GPU engine failed and the server fell back to the CPU.
+    pub engine_fallbacks: u64,
+    /// NUL-terminated engine description, e.g. "cpu-avx2-x2".
+    pub engine_name: [c_char; 48],
+    /// NUL-terminated reason the CUDA engine is not serving (it could not start under
+    /// `KALOS_BACKEND_AUTO`, or it failed while serving); "" when nothing fell back. Cut at 255
+    /// bytes.
+    pub fallback_reason: [c_char; 256],
+}
+
+/// Bytes of the first `kalos_stats_info` layout (up to `engine_name`): callers built against it
+/// pass this `struct_size` and get every field they know.
+pub(super) const STATS_V1_BYTES: usize = std::mem::offset_of!(kalos_stats_info, fallback_reason);
+
+fn defaults() -> kalos_options {
+    let d = Options::default();
+    kalos_options {
+        struct_size: std::mem::size_of::<kalos_options>() as u32,
+        role: d.role as u32,
+        dim: d.dim,
+        metric: d.metric as u32,
+        dtype: d.dtype as u32,
+        backend: d.backend as u32,
+        capacity: d.capacity,
+        slots: d.slots,
+        slot_bytes: d.slot_bytes,
+        mode: d.mode,
+        max_payload_bytes: d.max_payload_bytes,
+        client_spin_ns: d.client_spin_ns,
+        server_spin_ns: d.server_spin_ns,
+        timeout_ms: d.timeout_ms,
+        heartbeat_timeout_ms: d.heartbeat_timeout_ms,
+        data_dir: std::ptr::null(),
+        sync_policy: d.sync as u32,
+        threads: d.threads,
+        sync_interval_ms: d.sync_interval_ms,
+        gpu_memory_bytes: d.gpu_memory_bytes,
+    }
+}
+
+/// Fills `opts` with the defaults (and `struct_size`). NULL is a no-op.
+///
+/// # Safety
+/// `opts` must be NULL or point to writable memory of `sizeof(kalos_options)`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_options_init(opts: *mut kalos_options) {
+    if !opts.is_null() {
+        // SAFETY: non-NULL, points to a writable kalos_options per the contract.
+        unsafe { opts.write(defaults()) };
+    }
+}
+
+/// Fills `params` with the defaults (all namespaces, no recency, default deadline).
+///
+/// # Safety
+/// `params` must be NULL or point to a writable `kalos_recall_params`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_params_init(params: *mut kalos_recall_params) {
+    if !params.is_null() {
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe {
+            params.write(kalos_recall_params {
+                struct_size: std::mem::size_of::<kalos_recall_params>() as u32,
+                _reserved: 0,
+                namespaces: std::ptr::null(),
+                namespaces_len: 0,
+                recency_weight: 0.0,
+                _reserved2: 0,
+                recency_half_life_ms: 0.0,
+                timeout_ms: 0,
+            })
+        };
+    }
+}
+
+/// Fills `params` with the defaults (namespace 0, no payloads, no expiry, default deadline).
+///
+/// # Safety
+/// `params` must be NULL or point to a writable `kalos_upsert_params`.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_upsert_params_init(params: *mut kalos_upsert_params) {
+    if !params.is_null() {
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe {
+            params.write(kalos_upsert_params {
+                struct_size: std::mem::size_of::<kalos_upsert_params>() as u32,
+                _reserved: 0,
+                namespace_id: 0,
+                namespaces: std::ptr::null(),
+                namespaces_len: 0,
+                payloads: std::ptr::null(),
+                payloads_len: 0,
+                payload_lens: std::ptr::null(),
+                payload_lens_len: 0,
+                ttl_ms: 0,
+                expires_at_ms: 0,
+                timeout_ms: 0,
+            })
+        };
+    }
+}
+
+/// Reads an options struct of any size ≥ the v1 prefix (fields past `struct_size` take defaults).
+///
+/// # Safety
+/// `o` must point to at least `(*o).struct_size` readable bytes.
+pub(super) unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
+    let mut raw = defaults();
+    if !o.is_null() {
+        // SAFETY: struct_size is the first field; reading it is valid for any caller struct.
+        let size = unsafe { (*o).struct_size } as usize;
+        let min = std::mem::offset_of!(kalos_options, data_dir) + std::mem::size_of::<*const c_char>();
+        if size < min {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!("options.struct_size = {size}; call kalos_options_init first (need at least {min})"),
+            ));
+        }
+        let n = size.min(std::mem::size_of::<kalos_options>());
+        // SAFETY: the caller's struct has `size` ≥ n readable bytes; ours has n writable bytes.
+        unsafe { std::ptr::copy_nonoverlapping(o as *const u8, &mut raw as *mut kalos_options as *mut u8, n) };
+    }
+    let data_dir = if raw.data_dir.is_null() {
+        None
+    } else {
+        // SAFETY: non-NULL data_dir must be a NUL-terminated string (documented).
+        let s = unsafe { CStr::from_ptr(raw.data_dir) };
+        Some(PathBuf::from(s.to_str().map_err(|_| Error::new(Status::InvalidArgument, "data_dir is not UTF-8"))?))
+    };
+    Ok(Options {
+        role: Role::from_u32(raw.role)?,
+        dim: raw.dim,
+        metric: Metric::from_u32(raw.metric)?,
+        dtype: Dtype::from_u32(raw.dtype)?,
+        backend: Backend::from_u32(raw.backend)?,
+        capacity: raw.capacity,
+        slots: raw.slots,
+        slot_bytes: raw.slot_bytes,
+        mode: raw.mode,
+        max_payload_bytes: raw.max_payload_bytes,
+        client_spin_ns: raw.client_spin_ns,
+        server_spin_ns: raw.server_spin_ns,
+        timeout_ms: raw.timeout_ms,
+        heartbeat_timeout_ms: raw.heartbeat_timeout_ms,
+        data_dir,
+        sync: SyncPolicy::from_u32(raw.sync_policy)?,
+        sync_interval_ms: raw.sync_interval_ms,
+        threads: raw.threads,
+        gpu_memory_bytes: raw.gpu_memory_bytes,
+    })
+}

@@ -1,0 +1,136 @@
+//! Answering requests: a response body is written into the request's slot (unless an engine or
+//! the recall path already put it there), the slot is marked DONE and a sleeping client is woken.
+//! A slot whose client gave up meanwhile is released instead.
+
+use std::sync::atomic::Ordering;
+
+use super::serve::Pending;
+use super::Server;
+use crate::error::{Result, Status};
+use crate::shm::{self, futex};
+use crate::wire::response::error_body;
+use crate::wire::OP_RECALL;
+
+/// A request's answer: a body to copy into the slot, or the length of one already written
+/// there (by an engine for a lone recall, `SearchRequest::direct`, or by `do_recalls`).
+#[derive(Clone)]
+pub(super) enum Reply {
+    Body(Status, Vec<u8>),
+    InSlot(usize),
+}
+
+impl Reply {
+    /// The error response for `status` and `message`.
+    pub(super) fn error(status: Status, message: impl Into<String>) -> Reply {
+        Reply::Body(status, error_body(message))
+    }
+}
+
+pub(super) fn encode_result(r: Result<Vec<u8>>) -> Reply {
+    match r {
+        Ok(b) => Reply::Body(Status::Ok, b),
+        Err(e) => Reply::error(e.status, e.message),
+    }
+}
+
+/// The TOO_LARGE message for a response of `len` bytes.
+pub(super) fn too_large(len: usize, cap: usize) -> Vec<u8> {
+    error_body(format!("response of {len} bytes exceeds the slot size of {cap} bytes (option slot_bytes)"))
+}
+
+impl Server {
+    /// Publishes every answer of `batch` (`results`, in the same order; the batch took
+    /// `elapsed_ns`), counts it for stats, and keeps the request buffers for the next batches.
+    pub(super) fn publish_batch(&mut self, batch: Vec<Pending>, results: Vec<Option<Reply>>, elapsed_ns: u64) {
+        for (p, r) in batch.into_iter().zip(results) {
+            let r = r.unwrap_or_else(|| Reply::error(Status::Internal, "no result"));
+            let st = match &r {
+                Reply::Body(st, _) => *st,
+                Reply::InSlot(_) => Status::Ok,
+            };
+            self.metrics.requests += 1;
+            if st != Status::Ok {
+                self.metrics.errors += 1;
+            }
+            // The p50/p99 in stats describe recalls (what clients wait on); writes and stats
+            // requests would otherwise dominate after a bulk load.
+            if p.op() == OP_RECALL {
+                self.metrics.record_latency(elapsed_ns);
+            }
+            match r {
+                Reply::Body(st, body) => self.publish(p.slot, p.word, st, &body),
+                Reply::InSlot(len) => self.finish(p.slot, p.word, Status::Ok, len),
+            }
+            let mut buf = p.req;
+            buf.clear();
+            // (A request copied into the mirror leaves an empty vector: nothing to pool.)
+            if buf.capacity() > 0 && self.free_bufs.len() < 256 {
+                self.free_bufs.push(buf);
+            }
+        }
+    }
+
+    fn publish(&self, slot_i: usize, word: u64, status: Status, body: &[u8]) {
+        let slot = self.seg.slot(slot_i);
+        let (status, body): (Status, std::borrow::Cow<[u8]>) = if body.len() > self.seg.data_bytes() {
+            (Status::TooLarge, too_large(body.len(), self.seg.data_bytes()).into())
+        } else {
+            (status, body.into())
+        };
+        // Only write into the slot while it is still this request's (the client may have
+        // abandoned it; a reclaimed slot may belong to someone else now).
+        if slot.state.load(Ordering::Acquire) != word {
+            self.release_abandoned(slot_i, word);
+            return;
+        }
+        self.seg.write_data(slot_i, 0, &body);
+        self.finish(slot_i, word, status, body.len());
+    }
+
+    /// Publishes the response whose `len`-byte body is already in the slot's data area (written
+    /// by `publish`, or by the engine itself) and wakes the client if it sleeps. A slot the
+    /// client abandoned meanwhile is released instead.
+    fn finish(&self, slot_i: usize, word: u64, status: Status, len: usize) {
+        let slot = self.seg.slot(slot_i);
+        slot.resp_len.store(len as u32, Ordering::Relaxed);
+        slot.status.store(status as u32, Ordering::Relaxed);
+        let done = shm::with_state(word, shm::SLOT_DONE);
+        if slot.state.compare_exchange(word, done, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            self.release_abandoned(slot_i, word);
+            return;
+        }
+        if slot.waiting.swap(0, Ordering::SeqCst) != 0 {
+            futex::wake(shm::low_word(&slot.state), i32::MAX);
+            self.woke_client.set(true);
+        }
+    }
+
+    fn release_abandoned(&self, slot_i: usize, word: u64) {
+        let slot = self.seg.slot(slot_i);
+        let ab = shm::with_state(word, shm::SLOT_ABANDONED);
+        let _ = slot.state.compare_exchange(ab, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// The server stops (`status` SERVER_GONE) or its thread panicked (PANIC): answers every
+    /// request it holds or that waits in a slot, and wakes every sleeper.
+    pub(super) fn fail_all_pending(&mut self, status: Status) {
+        let msg = error_body(if status == Status::Panic { "the server thread panicked and stopped" } else { "the server shut down" });
+        let batch = std::mem::take(&mut self.batch);
+        for p in batch {
+            self.publish(p.slot, p.word, status, &msg);
+        }
+        // Requests submitted but never taken: answer them too, and wake every sleeper.
+        let seg = self.seg.clone();
+        for i in 0..seg.slot_count() {
+            let slot = seg.slot(i);
+            let w = slot.state.load(Ordering::Acquire);
+            if shm::state_of(w) == shm::SLOT_SUBMITTED {
+                let p = shm::with_state(w, shm::SLOT_PROCESSING);
+                if slot.state.compare_exchange(w, p, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    self.publish(i, p, status, &msg);
+                }
+            }
+            futex::wake(shm::low_word(&slot.state), i32::MAX);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Writes: upsert, delete, delete a namespace, clear. Each is validated, logged and applied in
+//! slot order; the log is committed once for the whole batch (group commit) and the engine's copy
+//! of the table is brought up to date once.
+
+use super::publish::{encode_result, Reply};
+use super::serve::Pending;
+use super::Server;
+use crate::error::{Error, Result, Status};
+use crate::persist::WalOp;
+use crate::store::{UpsertItem, NEVER};
+use crate::types::now_unix_ms;
+use crate::wire::request::{decode_ids, decode_namespace, UpsertRequest};
+use crate::wire::response::deleted;
+use crate::wire::{OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_UPSERT};
+
+impl Server {
+    /// Runs the batch's writes in slot order, answering each in `results`; then commits the log
+    /// once and syncs the engine.
+    pub(super) fn run_writes(&mut self, batch: &[Pending], results: &mut [Option<Reply>]) {
+        let mut wrote = Vec::new();
+        for (i, p) in batch.iter().enumerate() {
+            if let op @ (OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR) = p.op() {
+                let r = self.do_write(op, p.body());
+                if r.is_ok() {
+                    wrote.push(i);
+                }
+                results[i] = Some(encode_result(r));
+            }
+        }
+        if !wrote.is_empty() {
+            if let Some(pst) = self.persist.as_mut() {
+                if let Err(e) = pst.commit() {
+                    for &i in &wrote {
+                        results[i] = Some(Reply::error(e.status, format!("write applied but not made durable: {}", e.message)));
+                    }
+                }
+            }
+            let dirty = self.store.take_dirty();
+            if let Err(e) = self.engine.sync(&self.store, &dirty) {
+                self.engine_failed(e);
+            }
+        }
+    }
+
+    /// One write: validated, logged (not yet committed) and applied; returns the response body.
+    fn do_write(&mut self, op: u32, body: &[u8]) -> Result<Vec<u8>> {
+        match op {
+            OP_UPSERT => {
+                self.upsert(body)?;
+                Ok(Vec::new())
+            }
+            OP_DELETE => {
+                let ids = decode_ids(body)?;
+                self.store.check_ids_exist(&ids)?;
+                if let Some(p) = self.persist.as_mut() {
+                    p.append(&WalOp::Delete(&ids))?;
+                }
+                let d = self.store.delete(&ids)?;
+                Ok(deleted(d as u64))
+            }
+            OP_DELETE_NS => {
+                let ns = decode_namespace(body)?;
+                if let Some(p) = self.persist.as_mut() {
+                    p.append(&WalOp::DeleteNamespace(ns))?;
+                }
+                Ok(deleted(self.store.delete_namespace(ns) as u64))
+            }
+            OP_CLEAR => {
+                if let Some(p) = self.persist.as_mut() {
+                    p.append(&WalOp::Clear)?;
+                }
+                let n = self.store.len();
+                self.store.clear();
+                Ok(deleted(n as u64))
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    fn upsert(&mut self, body: &[u8]) -> Result<()> {
+        let u = UpsertRequest::decode(body, self.dim)?;
+        let n = u.ids.len();
+        let now = now_unix_ms();
+        let mut expires = u.expires_ms;
+        if expires != NEVER && expires <= now {
+            return Err(Error::new(Status::InvalidArgument, format!("expiry {expires} (unix ms) is in the past")));
+        }
+        if u.ttl_ms > 0 {
+            expires = expires.min(now.saturating_add(u.ttl_ms));
+        }
+        let items: Vec<UpsertItem> = (0..n)
+            .map(|i| UpsertItem {
+                id: u.ids[i],
+                namespace: u.namespaces[i],
+                vector: &u.vectors[i * self.dim..(i + 1) * self.dim],
+                payload: u.payloads[i],
+                created_ms: now,
+                expires_ms: expires,
+            })
+            .collect();
+        self.store.validate_upsert(&items)?;
+        let new_rows = items.iter().filter(|it| self.store.row_of(it.id).is_none()).count();
+        if let Err(e) = self.engine.reserve(self.store.len() + new_rows) {
+            if e.status == Status::StoreFull {
+                return Err(e); // out of GPU memory: the write is refused, nothing changed
+            }
+            self.engine_failed(e);
+        }
+        if let Some(p) = self.persist.as_mut() {
+            p.append(&WalOp::Upsert(&items))?;
+        }
+        self.store.apply_upsert(&items);
+        Ok(())
+    }
+}
