@@ -3,12 +3,17 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness]...   (default: all but
-# breakdown). Logs go to $OUT.
+# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi]...
+# (default: all but breakdown, concurrency and multi). Logs go to $OUT.
 # doctor: kalosd doctor, a compile of every kernel variant with the machine's own NVRTC
 # (kalosd doctor --compile), and kalosd serve --backend cuda answering a recall.
 # probe: gpu_probe (examples/gpu_probe.rs), the batch engine in-process under the settings in
 # $PROBE_SETTINGS (pipe:gemm_sms:score16), each checked against the first.
+# concurrency: concurrency.py, P = 1..64 conc_client processes (tests/gpu/conc_client.c) recalling
+# single queries from one server, next to in-process torch batches of B = P (CONC_* settings in
+# its header); $OUT/concurrency.json and concurrency.png.
+# multi: multi_bench.py, one client sending batches of Q = 1..64 queries, the cost of each Q
+# against one query, torch on the same table beside it (MB_* settings in its header).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
@@ -27,7 +32,7 @@ cd "$HERE"
 } > "$OUT/env.txt" 2>&1
 head -3 "$OUT/env.txt"
 RC=0
-D_RES="not run"; C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"
+D_RES="not run"; C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"; N_RES="not run"; M_RES="not run"
 if [[ " $WHAT " == *" doctor "* ]]; then
   ./kalosd doctor --compile > "$OUT/doctor.log" 2>&1; r=$?
   grep -vE "^FAIL|^ " "$OUT/doctor.log" | head -12
@@ -85,10 +90,24 @@ if [[ " $WHAT " == *" harness "* ]]; then
     H_RES="no tests/c harness binary shipped"
   fi
 fi
+if [[ " $WHAT " == *" concurrency "* ]]; then
+  timeout ${T_CONC:-300} python3 concurrency.py > "$OUT/concurrency.log" 2>&1; r=$?
+  grep -E "^(FAIL|WARN|INFO|GPU|== table|  )" "$OUT/concurrency.log" | cut -c1-300 | tail -60
+  sed -n '/^== concurrency table/,$p' "$OUT/concurrency.log"
+  N_RES="$(grep '^CONCURRENCY' "$OUT/concurrency.log" | cut -c1-400 || true)"; N_RES="${N_RES:-crashed/timed out rc=$r}"
+  [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" multi "* ]]; then
+  timeout ${T_MULTI:-240} python3 multi_bench.py > "$OUT/multi_bench.log" 2>&1; r=$?
+  grep -vE "^READY" "$OUT/multi_bench.log" | cut -c1-300 | tail -24
+  M_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
 echo "== summary =="
 echo "doctor:      $D_RES"
 echo "correctness: $C_RES"
 echo "probe:       $P_RES"
 echo "bench:       $B_RES"
 echo "C harness:   $H_RES"
+echo "concurrency: $N_RES"
+echo "multi:       $M_RES"
 exit $RC

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the H200 machine needs and stages it in .gpu/ (git-ignored), which the device
 # tool carries over: libkalos.so, the C harness, the GPU scripts and the Python package.
-# Then, on the device:  bash .gpu/run.sh [correctness|bench|harness]...
+# Then, on the device:  bash .gpu/run.sh [correctness|bench|harness|concurrency]...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T="${CARGO_TARGET_DIR:-target}"
@@ -12,15 +12,18 @@ gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -L$T/release 
   -Wl,-rpath,'$ORIGIN' -lm -o tests/c/build/harness_gpu
 gcc -O2 -Iinclude examples/python/bench_recall.c -L$T/release -lkalos -Wl,-rpath,'$ORIGIN' \
   -o tests/c/build/bench_recall_gpu
+gcc -O2 -Wall -Wextra -Werror -Iinclude tests/gpu/conc_client.c -L$T/release -lkalos -Wl,-rpath,'$ORIGIN' \
+  -o tests/c/build/conc_client_gpu
 rm -rf .gpu && mkdir -p .gpu/python
 cp $T/release/libkalos.so tests/gpu/*.py tests/gpu/*.sh tests/gpu/*.cu .gpu/
 cp tests/c/build/harness_gpu .gpu/c_harness
 cp tests/c/build/bench_recall_gpu .gpu/bench_recall
+cp tests/c/build/conc_client_gpu .gpu/conc_client
 cp $T/release/kalosd $T/release/examples/gpu_probe .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 # Debug info is most of the size: stripped, two staged builds fit in one device call's carry.
-strip .gpu/libkalos.so .gpu/kalosd .gpu/gpu_probe .gpu/c_harness .gpu/bench_recall
+strip .gpu/libkalos.so .gpu/kalosd .gpu/gpu_probe .gpu/c_harness .gpu/bench_recall .gpu/conc_client
 git rev-parse --short HEAD > .gpu/COMMIT
 git diff --quiet HEAD -- src kernels tests/gpu || echo "+dirty" >> .gpu/COMMIT
 du -sh .gpu
