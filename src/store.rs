@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result, Status};
-use crate::types::{check_finite, Metric};
+use crate::types::{check_finite, scale_to_unit, squared_norm, Metric};
 
 /// Expiry value meaning "never expires".
 pub const NEVER: u64 = u64::MAX;
@@ -166,6 +166,25 @@ impl Store {
                     format!("vector of id {} is all zeros; cosine needs a non-zero vector", it.id),
                 ));
             }
+            // Cosine keeps the original norm, l2 the squared norm: both as f32.
+            let sq = squared_norm(it.vector);
+            let kept = match self.metric {
+                Metric::Cosine => sq.sqrt(),
+                Metric::L2 => sq,
+                Metric::InnerProduct => 0.0,
+            };
+            if kept > f32::MAX as f64 {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!(
+                        "vector of id {} has norm {:e}: its {} exceeds the f32 range of the {} metric",
+                        it.id,
+                        sq.sqrt(),
+                        if self.metric == Metric::L2 { "squared norm" } else { "norm" },
+                        self.metric.name()
+                    ),
+                ));
+            }
             if !self.index.contains_key(&it.id) {
                 new_ids.insert(it.id);
             }
@@ -191,13 +210,14 @@ impl Store {
 
     fn put(&mut self, it: &UpsertItem<'_>) {
         let dim = self.dim;
-        let (norm, scale) = match self.metric {
-            Metric::InnerProduct => (1.0f32, 1.0f32),
+        // Validated: the norm kept fits f32 (validate_upsert).
+        let (norm, unit) = match self.metric {
+            Metric::InnerProduct => (1.0f32, None),
             Metric::Cosine => {
-                let n = (it.vector.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()).sqrt();
-                (n as f32, (1.0 / n) as f32)
+                let n = squared_norm(it.vector).sqrt();
+                (n as f32, Some(n))
             }
-            Metric::L2 => (it.vector.iter().map(|&x| x * x).sum::<f32>(), 1.0),
+            Metric::L2 => (squared_norm(it.vector) as f32, None),
         };
         let payload: Option<Box<[u8]>> = it.payload.map(|p| p.to_vec().into_boxed_slice());
         let plen = payload.as_ref().map_or(0, |p| p.len());
@@ -217,12 +237,9 @@ impl Store {
             }
         };
         let dst = &mut self.vectors[row * dim..(row + 1) * dim];
-        if scale == 1.0 {
-            dst.copy_from_slice(it.vector);
-        } else {
-            for (d, &s) in dst.iter_mut().zip(it.vector) {
-                *d = s * scale;
-            }
+        match unit {
+            None => dst.copy_from_slice(it.vector),
+            Some(n) => scale_to_unit(it.vector, dst, n),
         }
         self.norms[row] = norm;
         self.namespaces[row] = it.namespace;

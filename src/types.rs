@@ -205,17 +205,40 @@ impl Filter {
     }
 }
 
-/// Cosine: scales each query (`dim` values; finite) to unit length, its norm summed in f64 and
-/// applied as one f32 factor (the CUDA engine's check_queries/convert_queries do the same on the
-/// device). An all-zero query is an INVALID_ARGUMENT.
+/// Sum of squares of `v` in f64: finite for every finite f32 vector.
+pub fn squared_norm(v: &[f32]) -> f64 {
+    v.iter().map(|&x| (x as f64) * (x as f64)).sum()
+}
+
+/// The f32 factor 1/n that scales a vector of norm `n` > 0 (from [`squared_norm`]) to unit
+/// length, when it is a normal f32 (the CUDA engine's convert_queries applies the same factor);
+/// None for norms below about 1e-38 or above about 1e38, whose values are scaled one by one in
+/// f64 instead ([`scale_to_unit`]).
+fn unit_factor(n: f64) -> Option<f32> {
+    Some((1.0 / n) as f32).filter(|f| f.is_normal())
+}
+
+/// Writes `src` (norm `n` > 0) scaled to unit length into `dst`, without overflow or underflow
+/// to zero of the factor: every value written is finite.
+pub fn scale_to_unit(src: &[f32], dst: &mut [f32], n: f64) {
+    match unit_factor(n) {
+        Some(f) => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = x * f),
+        None => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = (x as f64 / n) as f32),
+    }
+}
+
+/// Cosine: scales each query (`dim` values; finite) to unit length as [`scale_to_unit`] does. An
+/// all-zero query is an INVALID_ARGUMENT.
 pub fn normalize_queries(q: &mut [f32], dim: usize) -> Result<()> {
     for row in q.chunks_exact_mut(dim) {
-        let n = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+        let n = squared_norm(row).sqrt();
         if n == 0.0 {
             return Err(Error::new(Status::InvalidArgument, "a cosine query must not be all zeros"));
         }
-        let inv = (1.0 / n) as f32;
-        row.iter_mut().for_each(|x| *x *= inv);
+        match unit_factor(n) {
+            Some(f) => row.iter_mut().for_each(|x| *x *= f),
+            None => row.iter_mut().for_each(|x| *x = (*x as f64 / n) as f32),
+        }
     }
     Ok(())
 }

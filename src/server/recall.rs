@@ -183,6 +183,16 @@ impl Server {
                     r = self.engine.search(&self.store, &req, &mut out);
                 }
             }
+            if let Ok(()) = &r {
+                // A query and a row whose product passes the f32 range score infinity (or NaN):
+                // the request's error, never a non-finite score.
+                if out[..nq.min(out.len())].iter().flatten().any(|h| !h.score.is_finite()) {
+                    r = Err(Error::new(
+                        Status::InvalidArgument,
+                        "a score exceeds the f32 range: the query's magnitude times a stored vector's passes f32; scale the query down",
+                    ));
+                }
+            }
             self.metrics.queries += nq as u64;
             if let (Ok(()), Some(d), [j]) = (&r, &dout, g.jobs.as_slice()) {
                 if d.written() > 0 {
