@@ -173,6 +173,13 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
     f.nth(18)?.parse().ok()
 }
 
+/// True when the process is stopped by a signal (SIGSTOP, SIGTSTP) or by a tracer: it cannot
+/// answer until it is continued.
+pub fn process_stopped(pid: u32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    s.rfind(')').and_then(|i| s.get(i + 2..)).and_then(|r| r.split_whitespace().next()).is_some_and(|st| st == "T" || st == "t")
+}
+
 pub fn self_start_ticks() -> u64 {
     process_start_ticks(std::process::id()).unwrap_or(0)
 }
