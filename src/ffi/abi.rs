@@ -60,7 +60,8 @@ pub enum kalos_status_code {
     KALOS_BACKEND_UNAVAILABLE = 18,
     /// The GPU engine failed.
     KALOS_CUDA = 19,
-    /// Permission denied (segment of another user).
+    /// Permission denied (segment or data directory of another user, a data directory open to
+    /// group or others, or a link inside the data directory).
     KALOS_PERMISSION_DENIED = 20,
     /// The request does not fit in a slot; raise slot_bytes.
     KALOS_TOO_LARGE = 21,
