@@ -109,8 +109,12 @@ pub fn start(name: &str, opts: &Options) -> Result<(Arc<Segment>, ServerHandle)>
     validate_name(name)?;
     validate_options(opts)?;
     let backend = resolve_backend(opts.backend)?;
-    let lock = ServerLock::try_acquire(name, opts.mode)?
-        .ok_or_else(|| Error::new(Status::AlreadyExists, format!("a live server already owns store {name:?}")))?;
+    let lock = ServerLock::try_acquire(name, opts.mode)?.ok_or_else(|| {
+        Error::new(
+            Status::AlreadyExists,
+            format!("a live server already owns store {name:?}: {}", shm::describe_holder(&format!("{}.lock", shm::shm_name(name)))),
+        )
+    })?;
     let mut store = Store::new(opts.dim as usize, opts.metric, opts.capacity as usize, opts.max_payload_bytes as usize);
     let persist = match &opts.data_dir {
         None => None,

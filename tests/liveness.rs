@@ -1,6 +1,8 @@
-//! Every wait returns within its deadline plus scheduling noise, whatever the client's spin
-//! setting: a stopped (SIGSTOP) or killed server gives SERVER_GONE within the deadline, and a
-//! stopped server that is continued serves again (the withdrawn request left no slot behind).
+//! The server's liveness as clients see it. Every wait returns within its deadline plus
+//! scheduling noise, whatever the client's spin setting: a stopped (SIGSTOP) or killed server
+//! gives SERVER_GONE within the deadline, and a stopped server that is continued serves again
+//! (the withdrawn request left no slot behind). A second server for a taken name is refused
+//! with an error that names who holds it.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -92,4 +94,18 @@ fn a_killed_server_is_server_gone_within_the_deadline() {
     assert!(took < Duration::from_millis(1500), "waited {took:?} past a 300 ms deadline");
     let _ = std::fs::remove_file(format!("/dev/shm/kalos.{name}"));
     let _ = std::fs::remove_file(format!("/dev/shm/kalos.{name}.lock"));
+}
+
+#[test]
+fn a_second_server_for_a_taken_name_is_told_who_holds_it() {
+    let name = format!("liveness-taken-{}", std::process::id());
+    let srv = serve(&name);
+    let o = Options { role: Role::Server, dim: 8, backend: Backend::Cpu, ..Options::default() };
+    let Err(e) = Kalos::open(&name, &o) else { panic!("a second server opened a taken name") };
+    assert_eq!(e.status, Status::AlreadyExists, "{e}");
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert!(e.message.contains(&format!("uid {uid}")), "{}", e.message);
+    assert!(e.message.contains(&format!("locked by pid {}", srv.0.id())), "{}", e.message);
+    drop(srv);
 }
