@@ -497,3 +497,27 @@ fn a_recall_whose_reply_cannot_fit_the_slot_is_refused_before_any_work() {
     drop(c);
     s.close();
 }
+
+/// Options under which the largest payload could never travel (a memory of dimension 60000 and a
+/// 100 kB payload through 300 kB slots) are refused at open, naming the values; the same store
+/// with room for one memory opens and takes it.
+#[test]
+fn options_that_can_never_carry_the_largest_payload_are_refused_at_open() {
+    let name = uniq("never");
+    let mut o = Options { role: Role::Server, dim: 60_000, backend: Backend::Cpu, ..Options::default() };
+    o.slot_bytes = 300_000;
+    o.max_payload_bytes = 100_000;
+    let Err(e) = Kalos::open(&name, &o) else { panic!("a store whose largest payload cannot fit a slot opened") };
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    for v in ["slot_bytes = 300000", "60000", "max_payload_bytes = 100000"] {
+        assert!(e.message.contains(v), "{v} not in {}", e.message);
+    }
+    o.slot_bytes = 400_000;
+    let s = Kalos::open(&name, &o).unwrap();
+    let v = vec![0.5f32; 60_000];
+    let payload = vec![7u8; 100_000];
+    let up = UpsertOptions { payloads: Some(vec![Some(&payload[..])]), ..UpsertOptions::default() };
+    s.upsert(&[1], &v, &up).unwrap();
+    assert_eq!(s.get(&[1]).unwrap()[0].payload.as_deref(), Some(&payload[..]));
+    s.close();
+}
