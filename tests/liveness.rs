@@ -59,6 +59,17 @@ fn a_stopped_server_is_server_gone_within_the_deadline_and_serves_again_when_con
     assert_eq!(e.status, Status::ServerGone, "{e}");
     assert!(e.message.contains("stopped"), "{}", e.message);
     assert!(took < Duration::from_millis(1500), "waited {took:?} past a 300 ms deadline");
+    // The withdrawn request's slot is free and carries no owner ticks: a stale value would make
+    // the slot's next (live) owner look dead to the server's reaper.
+    let seg = kalos::shm::Segment::attach(&name).unwrap();
+    for i in 0..seg.slot_count() {
+        let slot = seg.slot(i);
+        let w = slot.state.load(std::sync::atomic::Ordering::Acquire);
+        if kalos::shm::state_of(w) == kalos::shm::SLOT_FREE {
+            assert_eq!(slot.client_start_ticks.load(std::sync::atomic::Ordering::Acquire), 0, "free slot {i} kept its owner's ticks");
+        }
+    }
+    drop(seg);
     // SAFETY: as above.
     unsafe { libc::kill(srv.0.id() as i32, libc::SIGCONT) };
     std::thread::sleep(Duration::from_millis(50));

@@ -109,9 +109,7 @@ impl Kalos {
         if let Some(f) = &floats {
             if let Err(i) = self.seg.write_finite_f32(slot_i, off, f.v) {
                 // Give the slot back unsubmitted (the same claim, state FREE).
-                slot.client_start_ticks.store(0, Ordering::Relaxed);
-                let _ =
-                    slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+                slot.free_if(word);
                 return Err(non_finite(f.what, f.v[i], f.base + i));
             }
         }
@@ -133,9 +131,7 @@ impl Kalos {
             let mut buf = r.borrow_mut();
             self.seg.read_data(slot_i, &mut buf, len);
             // Release the slot (same claim, state FREE, pid cleared).
-            slot.client_start_ticks.store(0, Ordering::Relaxed);
-            let done = shm::with_state(submitted, shm::SLOT_DONE);
-            let _ = slot.state.compare_exchange(done, shm::pack(0, shm::gen_of(done), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+            slot.free_if(shm::with_state(submitted, shm::SLOT_DONE));
             if status != Status::Ok {
                 return Err(Error::new(status, error_message(&buf)));
             }
@@ -272,8 +268,7 @@ impl Kalos {
     /// reach this caller. If the result landed in the meantime, take it.
     fn abandon(&self, slot_i: usize, submitted: u64) -> Result<()> {
         let slot = self.seg.slot(slot_i);
-        let free = shm::pack(0, shm::gen_of(submitted), shm::SLOT_FREE);
-        if slot.state.compare_exchange(submitted, free, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if slot.free_if(submitted) {
             return Err(Error::new(Status::Timeout, "deadline passed before the server took the request (it did not run)"));
         }
         let processing = shm::with_state(submitted, shm::SLOT_PROCESSING);

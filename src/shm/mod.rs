@@ -111,6 +111,19 @@ pub struct SlotHeader {
     pub _pad: [u32; 7],
 }
 
+impl SlotHeader {
+    /// Frees the slot if its state word is still `word`: clears the owner's start ticks first,
+    /// then publishes FREE (same generation, pid cleared) with release ordering. Every path to
+    /// FREE goes through here, so a free slot never carries a previous owner's ticks: the next
+    /// claimer's CAS acquires the cleared value, and until it stores its own ticks the reaper
+    /// reads 0 ("not recorded yet", liveness by pid alone) instead of a stale value that would
+    /// make a live owner look dead. Returns whether the slot was freed.
+    pub fn free_if(&self, word: u64) -> bool {
+        self.client_start_ticks.store(0, Ordering::Relaxed);
+        self.state.compare_exchange(word, pack(0, gen_of(word), SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+}
+
 const _: () = assert!(std::mem::size_of::<SlotHeader>() == SLOT_HEADER_BYTES);
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
 
