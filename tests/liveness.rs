@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kalos::*;
 
-struct Server(Child);
+struct Server(Child, String);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -20,6 +20,10 @@ impl Drop for Server {
             libc::kill(self.0.id() as i32, libc::SIGKILL);
         }
         let _ = self.0.wait();
+        // A killed server leaves its segment and lock for the next server of the name.
+        for f in [format!("/dev/shm/kalos.{}", self.1), format!("/dev/shm/kalos.{}.lock", self.1)] {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 
@@ -33,7 +37,19 @@ fn serve(name: &str) -> Server {
     let mut line = String::new();
     BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("serving") || line.contains("count="), "{line}");
-    Server(c)
+    Server(c, name.to_string())
+}
+
+/// SIGSTOPs the child and waits until the kernel shows it stopped (signals are asynchronous).
+fn stop(srv: &Server) {
+    let pid = srv.0.id();
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let t = Instant::now();
+    while !kalos::shm::process_stopped(pid) {
+        assert!(t.elapsed() < Duration::from_secs(5), "the server did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn client(name: &str) -> Kalos {
@@ -50,9 +66,7 @@ fn a_stopped_server_is_server_gone_within_the_deadline_and_serves_again_when_con
     let srv = serve(&name);
     let k = client(&name);
     assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
-    // SAFETY: a plain signal to our own child.
-    unsafe { libc::kill(srv.0.id() as i32, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_millis(50));
+    stop(&srv);
     let t = Instant::now();
     let e = k.recall(&Q, 3, &RecallOptions::default()).unwrap_err();
     let took = t.elapsed();
@@ -86,25 +100,16 @@ fn a_killed_server_is_server_gone_within_the_deadline() {
     let mut srv = serve(&name);
     let k = client(&name);
     assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
-    // SAFETY: stop it first so the kill lands while a request is pending.
-    unsafe { libc::kill(srv.0.id() as i32, libc::SIGSTOP) };
+    // SAFETY: a plain signal to our own child, reaped right after.
+    unsafe { libc::kill(srv.0.id() as i32, libc::SIGKILL) };
+    let _ = srv.0.wait();
     let t = Instant::now();
-    let killer = {
-        let pid = srv.0.id() as i32;
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(60));
-            // SAFETY: a plain signal to the test's child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        })
-    };
     let e = k.recall(&Q, 3, &RecallOptions::default()).unwrap_err();
     let took = t.elapsed();
-    killer.join().unwrap();
-    let _ = srv.0.wait();
     assert_eq!(e.status, Status::ServerGone, "{e}");
+    assert!(e.message.contains("gone"), "{}", e.message);
     assert!(took < Duration::from_millis(1500), "waited {took:?} past a 300 ms deadline");
-    let _ = std::fs::remove_file(format!("/dev/shm/kalos.{name}"));
-    let _ = std::fs::remove_file(format!("/dev/shm/kalos.{name}.lock"));
+    drop(srv);
 }
 
 #[test]
