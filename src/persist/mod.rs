@@ -31,7 +31,8 @@
 //!
 //! Code: `record` (file header, row encoding), `wal` (log records: encode, scan, apply),
 //! `snapshot` (write, load), `dir` (file names, listing, maps, the lock), `recover`
-//! ([`Persist::open`]), `repair` ([`dir_shape`], [`repair()`]); this file holds the public types
+//! ([`Persist::open`]), `repair` ([`dir_shape`], [`repair()`]), `fuzz` (the parsers on bytes in
+//! memory, for `tests/fuzz.rs`); this file holds the public types
 //! and the running [`Persist`]: append, group commit, compaction.
 
 use std::fs::{self, File, OpenOptions};
@@ -45,6 +46,8 @@ use crate::types::{Metric, SyncPolicy};
 
 mod crc;
 mod dir;
+#[doc(hidden)]
+pub mod fuzz;
 mod record;
 mod recover;
 mod repair;
