@@ -10,9 +10,10 @@ use super::snapshot::{load_snapshot, write_snapshot};
 use super::wal::{apply_record, record_at, scan_log};
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{now_unix_ms, Metric};
+use crate::types::{now_unix_ms, Metric, MAX_DIM};
 
-/// Reads `(dim, metric)` from the newest snapshot or log header in `dir`.
+/// Reads `(dim, metric)` from the newest snapshot or log header in `dir` that is intact and names
+/// a dimension from 1 to `MAX_DIM`.
 pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
     if !dir.exists() {
         return Ok(None);
@@ -31,7 +32,8 @@ pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
             Err(_) => continue,
         };
         let head = &b[..b.len().min(HEADER_BYTES)];
-        if let Ok(h) = FileHeader::decode(&p, head, k) {
+        // A dimension no store can have is not trusted either (it sizes repair's buffers).
+        if let Some(h) = FileHeader::decode(&p, head, k).ok().filter(|h| (1..=MAX_DIM).contains(&(h.dim as usize))) {
             return Ok(Some((h.dim as usize, Metric::from_u32(h.metric)?)));
         }
     }
@@ -39,7 +41,7 @@ pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
 }
 
 /// Counts the intact records (any sequence number) from `from` on, skipping damage.
-fn count_records(b: &[u8], from: usize) -> u64 {
+pub(super) fn count_records(b: &[u8], from: usize) -> u64 {
     let mut n = 0u64;
     let mut p = from;
     while p + REC_HEADER < b.len() {
@@ -92,6 +94,11 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
         rep.snapshot_rows = rows;
         damaged |= !notes.is_empty();
         rep.notes.extend(notes);
+        // An intact header naming another generation (recovery refuses it): its blocks are kept.
+        if h.generation != gen && h.generation != u64::MAX {
+            damaged = true;
+            rep.notes.push(format!("{}: header says generation {}, the name says {gen}; its rows are kept", p.display(), h.generation));
+        }
     }
     // The log chain, in order, up to the first damage (a consistent point in time).
     let chain: Vec<u64> = l.wals.iter().copied().filter(|&g| g >= gen).collect();
@@ -109,7 +116,19 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
             continue;
         }
         let first = match FileHeader::decode(&wal_path, &b, Kind::Wal) {
-            Ok(h) if seq.is_none_or(|x| x == h.seq) => Some(h.seq),
+            Ok(h) if seq.is_none_or(|x| x == h.seq) => {
+                // An intact header naming another generation (recovery refuses it): its records
+                // continue the sequence, so they are applied.
+                if h.generation != g {
+                    damaged = true;
+                    rep.notes.push(format!(
+                        "{}: header says generation {}, the name says {g}; its records are applied",
+                        wal_path.display(),
+                        h.generation
+                    ));
+                }
+                Some(h.seq)
+            }
             Ok(h) => {
                 damaged = true;
                 rep.notes.push(format!(
