@@ -56,7 +56,8 @@ pub fn parse(all: &[u8]) -> std::result::Result<Npy, String> {
         return Err("Fortran-order arrays are not supported; save with np.ascontiguousarray".into());
     }
     let shape_s = field("shape")?;
-    let shape_s = &shape_s[shape_s.find('(').ok_or("bad shape")? + 1..shape_s.find(')').ok_or("bad shape")?];
+    let open = shape_s.find('(').ok_or("bad shape")? + 1;
+    let shape_s = &shape_s[open..open + shape_s[open..].find(')').ok_or("bad shape")?];
     let shape: Vec<usize> = shape_s
         .split(',')
         .map(|s| s.trim())
@@ -156,5 +157,16 @@ mod tests {
             let e = parse(&b).unwrap_err();
             assert!(e.contains("overflows"), "{shape}: {e}");
         }
+    }
+
+    /// A ')' before the shape's '(' is a bad shape, not a panic (found by tests/fuzz.rs).
+    #[test]
+    fn a_shape_closed_before_it_opens_is_refused() {
+        let h = "{'descr': '<f4', 'fortran_order': False, 'shape': ) (1, 2, }\n";
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        b.extend_from_slice(h.as_bytes());
+        b.extend_from_slice(&[0; 8]);
+        assert_eq!(parse(&b).unwrap_err(), "bad shape");
     }
 }

@@ -1,7 +1,7 @@
 //! Offline tools on a data directory that no server holds: read its shape, repair it.
 
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::dir::{fsync_dir, io_err, list_dir, lock_dir, snap_name, wal_name};
@@ -38,6 +38,13 @@ pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
         }
     }
     Ok(None)
+}
+
+/// The generation that the intact header of the file at `path` names (None when unreadable).
+fn header_generation(path: &Path, kind: Kind) -> Option<u64> {
+    let mut b = [0u8; HEADER_BYTES];
+    File::open(path).ok()?.read_exact(&mut b).ok()?;
+    FileHeader::decode(path, &b, kind).ok().map(|h| h.generation)
 }
 
 /// Counts the intact records (any sequence number) from `from` on, skipping damage.
@@ -95,9 +102,9 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
         damaged |= !notes.is_empty();
         rep.notes.extend(notes);
         // An intact header naming another generation (recovery refuses it): its blocks are kept.
-        if h.generation != gen && h.generation != u64::MAX {
+        if let Some(hg) = header_generation(&p, Kind::Snap).filter(|&hg| hg != gen) {
             damaged = true;
-            rep.notes.push(format!("{}: header says generation {}, the name says {gen}; its rows are kept", p.display(), h.generation));
+            rep.notes.push(format!("{}: header says generation {hg}, the name says {gen}; its rows are kept", p.display()));
         }
     }
     // The log chain, in order, up to the first damage (a consistent point in time).
