@@ -634,3 +634,27 @@ fn repair_refuses_a_header_dimension_beyond_max_dim() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Repair's note about a snapshot whose end block counts fewer rows than its blocks hold names
+/// both counts (it subtracted them the wrong way round: a wrapped count of "lost" rows, or an
+/// overflow panic in builds that check arithmetic; found by fuzz/).
+#[test]
+fn salvaging_a_snapshot_whose_end_block_undercounts_says_so() {
+    let mut s = new_store(2, Metric::InnerProduct);
+    let (v, p) = ([1.0f32, 2.0], Some(&b"x"[..]));
+    let items: Vec<UpsertItem> =
+        (0..2).map(|id| UpsertItem { id, namespace: 0, vector: &v, payload: p, created_ms: 1, expires_ms: NEVER }).collect();
+    s.apply_upsert(&items);
+    let mut b = persist::fuzz::encode_snapshot(&s, 1, 0);
+    let end = b.len() - 20;
+    b[end + 12..].copy_from_slice(&0u64.to_le_bytes());
+    let crc = persist::crc32c_update(persist::crc32c(&b[end..end + 4]), &b[end + 8..]);
+    b[end + 4..end + 8].copy_from_slice(&crc.to_le_bytes());
+    let mut strict = new_store(2, Metric::InnerProduct);
+    assert_eq!(persist::fuzz::load_snapshot(&b, &mut strict, false).unwrap_err().status, Status::Corrupt);
+    let mut salvaged = new_store(2, Metric::InnerProduct);
+    let l = persist::fuzz::load_snapshot(&b, &mut salvaged, true).unwrap();
+    assert_eq!((l.rows, salvaged.len()), (2, 2));
+    assert_eq!(l.notes.len(), 1, "{:?}", l.notes);
+    assert!(l.notes[0].ends_with("the end block says 0 rows; the blocks hold 2"), "{:?}", l.notes);
+}

@@ -154,7 +154,7 @@ impl Persist {
             ));
         }
         encode_record(&mut self.buf, self.next_seq, op);
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         Ok(())
     }
 

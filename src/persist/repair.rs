@@ -165,7 +165,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
             apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
         }
         rep.records_replayed += s.records.len() as u64;
-        seq = Some(first + s.records.len() as u64);
+        seq = Some(first.wrapping_add(s.records.len() as u64));
         if let Some((off, later)) = s.damage {
             damaged = true;
             stopped = true;

@@ -262,8 +262,10 @@ pub(super) fn load_snapshot_bytes(
                     if total != rows && !salvage {
                         return Err(corrupt(path, o, format!("end block says {total} rows; the blocks hold {rows}")));
                     }
-                    if total != rows {
+                    if total > rows {
                         notes.push(format!("{}: {} of {total} rows were in damaged blocks and are lost", path.display(), total - rows));
+                    } else if total < rows {
+                        notes.push(format!("{}: the end block says {total} rows; the blocks hold {rows}", path.display()));
                     }
                     if e != b.len() {
                         if !salvage {
