@@ -19,6 +19,8 @@
 //! - `KALOS_FUZZ_SECS`: run each target for this many seconds instead.
 //! - `KALOS_FUZZ_SEED`: the seed (default: random, printed).
 //! - `KALOS_FUZZ_REPLAY`: a saved case; only the target named in its file name runs it.
+//! - `KALOS_FUZZ_CORPUS`: a directory; every input is also written to `<dir>/<target>/`, the seed
+//!   corpus of the coverage-guided targets in `fuzz/` (cargo-fuzz).
 
 #[path = "fuzz/mutate.rs"]
 mod mutate;
@@ -152,12 +154,19 @@ fn fuzz(
     let secs = env_u64("KALOS_FUZZ_SECS");
     let cases = (env_u64("KALOS_FUZZ_CASES").unwrap_or(20000) / share).max(1);
     let deadline = secs.map(|s| Instant::now() + Duration::from_secs(s));
+    let corpus = std::env::var_os("KALOS_FUZZ_CORPUS").map(|d| PathBuf::from(d).join(target));
+    if let Some(d) = &corpus {
+        std::fs::create_dir_all(d).unwrap();
+    }
     let t0 = Instant::now();
     let (mut i, mut bytes, mut peak_ratio) = (0u64, 0u64, 0f64);
     while deadline.map_or(i < cases, |d| Instant::now() < d) {
         let mut rng = StdRng::seed_from_u64(case_seed(seed, target, i));
         let input = gen(&mut rng);
         bytes += input.len() as u64;
+        if let Some(d) = &corpus {
+            std::fs::write(d.join(format!("{i}.bin")), &input).unwrap();
+        }
         CASE.set((target, seed, i));
         PEAK.set(0);
         PARSED_PEAK.set(None);
@@ -170,7 +179,8 @@ fn fuzz(
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join(format!("{target}-{seed}-{i}.bin"));
             std::fs::write(&file, &input).unwrap();
-            let why = match over {
+            // A panic is reported first (its backtrace may be what allocated).
+            let why = match over.filter(|_| r.is_ok()) {
                 Some(b) => format!("allocated {peak} bytes at once for an input of {} bytes (bound {b})", input.len()),
                 None => "panicked (message above)".into(),
             };
@@ -218,10 +228,19 @@ fn fuzz_snapshots() {
     fuzz("snapshot", 1, Some(in_memory), targets::gen_snapshot, targets::check_snapshot);
 }
 
+/// Removes a scratch directory when dropped, also when its test fails.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn fuzz_npy() {
+    let _scratch = Scratch(targets::scratch_dir("npy-gen"));
     fuzz("npy", 4, Some(in_memory), targets::gen_npy, targets::check_npy);
-    let _ = std::fs::remove_dir_all(targets::scratch_dir("npy-gen"));
 }
 
 #[test]
@@ -241,10 +260,10 @@ fn fuzz_segment_headers() {
 
 #[test]
 fn fuzz_data_directories() {
-    let dir = targets::scratch_dir("dir");
+    let scratch = Scratch(targets::scratch_dir("dir"));
+    let dir = scratch.0.clone();
     let mut stats = targets::DirStats::default();
     // Repair writes a snapshot through a 1 MiB buffer in blocks of up to 4 MiB.
     fuzz("dir", 10, Some(|len| 64 * len + (16 << 20)), targets::gen_dir, |b| targets::check_dir(&dir, b, &mut stats));
     eprintln!("fuzz dir: {stats:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -630,8 +630,9 @@ fn lay_out(dir: &Path, input: &[u8]) -> Option<(usize, Metric)> {
         let name = String::from_utf8_lossy(&input[o + 1..o + 1 + nl]).replace(['/', '\0'], "_");
         let len = (u32_at(input, o + 1 + nl) as usize).min(input.len() - (o + 5 + nl));
         let bytes = &input[o + 5 + nl..o + 5 + nl + len];
+        // A name the file system refuses (too long, say) is left out.
         if !name.is_empty() && name != "." && name != ".." {
-            std::fs::write(dir.join(name), bytes).unwrap();
+            let _ = std::fs::write(dir.join(name), bytes);
         }
         o += 5 + nl + len;
     }
@@ -986,9 +987,16 @@ impl FakeSegment {
     }
 }
 
+impl FakeSegment {
+    /// Removes the segment file.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 impl Drop for FakeSegment {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.remove();
     }
 }
 
