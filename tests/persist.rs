@@ -619,6 +619,34 @@ fn repair_fixes_a_snapshot_header_naming_another_generation() {
     }
 }
 
+/// A snapshot whose intact header says sequence number 2^64 - 1 followed by a log that does not
+/// continue it: the open refuses the log; repair took that sequence number for its mark of an
+/// unreadable header, accepted the log and reported no damage (found by tests/fuzz.rs).
+#[test]
+fn repair_checks_a_log_against_a_snapshot_at_the_last_sequence_number() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dir = tmpdir("snap-seq-max");
+    let mut model = Model::new();
+    {
+        let (mut p, _, mut s) = open(&dir, 4, Metric::InnerProduct).unwrap();
+        for _ in 0..6 {
+            let op = random_op(&mut rng, &model, 4, 40);
+            apply(&op, &mut model, &mut p, &mut s);
+        }
+        p.snapshot(&s).unwrap();
+    }
+    let snap = dir.join("snap-0000000000000001.snap");
+    let mut b = std::fs::read(&snap).unwrap();
+    let h = persist::fuzz::decode_header(&b, true).unwrap();
+    b[..HEADER_BYTES].copy_from_slice(&persist::fuzz::encode_header(true, persist::fuzz::Header { seq: u64::MAX, ..h }));
+    std::fs::write(&snap, &b).unwrap();
+    assert_eq!(open(&dir, 4, Metric::InnerProduct).err().expect("the open refuses the log").status, Status::Corrupt);
+    let rep = persist::repair(&dir).unwrap();
+    assert!(rep.backup.is_some(), "repair found the damage: {:?}", rep.notes);
+    let (_, _, s) = open(&dir, 4, Metric::InnerProduct).unwrap();
+    assert_matches(&s, &model, "after repairing a log that does not continue the snapshot");
+}
+
 /// A header (checksum intact) naming a dimension no store can have is not trusted by repair or
 /// `dir_shape`: repair used it to size its snapshot buffer, 4 bytes per dimension per row (a
 /// dimension of 2^30 asked for 4 GiB at once; found by tests/fuzz.rs).

@@ -40,11 +40,11 @@ pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
     Ok(None)
 }
 
-/// The generation that the intact header of the file at `path` names (None when unreadable).
-fn header_generation(path: &Path, kind: Kind) -> Option<u64> {
+/// The header of the file at `path` when it is intact (None when unreadable).
+fn intact_header(path: &Path, kind: Kind) -> Option<FileHeader> {
     let mut b = [0u8; HEADER_BYTES];
     File::open(path).ok()?.read_exact(&mut b).ok()?;
-    FileHeader::decode(path, &b, kind).ok().map(|h| h.generation)
+    FileHeader::decode(path, &b, kind).ok()
 }
 
 /// Counts the intact records (any sequence number) from `from` on, skipping damage.
@@ -96,13 +96,16 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     let mut damaged = false;
     if l.snaps.contains(&gen) {
         let p = dir.join(snap_name(gen));
-        let (h, rows, _, notes) = load_snapshot(&p, Some((dim as u32, metric as u32)), &mut store, true)?;
-        seq = if h.seq == u64::MAX { None } else { Some(h.seq) };
+        let (_, rows, _, notes) = load_snapshot(&p, Some((dim as u32, metric as u32)), &mut store, true)?;
+        // From the header itself: a damaged one is loaded with a stand-in whose fields (2^64 - 1)
+        // an intact header may hold too.
+        let intact = intact_header(&p, Kind::Snap);
+        seq = intact.map(|h| h.seq);
         rep.snapshot_rows = rows;
         damaged |= !notes.is_empty();
         rep.notes.extend(notes);
         // An intact header naming another generation (recovery refuses it): its blocks are kept.
-        if let Some(hg) = header_generation(&p, Kind::Snap).filter(|&hg| hg != gen) {
+        if let Some(hg) = intact.map(|h| h.generation).filter(|&hg| hg != gen) {
             damaged = true;
             rep.notes.push(format!("{}: header says generation {hg}, the name says {gen}; its rows are kept", p.display()));
         }
