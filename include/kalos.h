@@ -135,7 +135,8 @@ enum kalos_status_code
   KALOS_BACKEND_UNAVAILABLE = 18,
   // The GPU engine failed.
   KALOS_CUDA = 19,
-  // Permission denied (segment of another user).
+  // Permission denied (segment or data directory of another user, a data directory open to
+  // group or others, or a link inside the data directory).
   KALOS_PERMISSION_DENIED = 20,
   // The request does not fit in a slot; raise slot_bytes.
   KALOS_TOO_LARGE = 21,
@@ -154,7 +155,7 @@ typedef int32_t kalos_status_code;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// An open store. Opaque; created by `kalos_open`, freed by `kalos_close`.
+// An open store. Opaque; created by `kalos_open`, closed by `kalos_close`.
 typedef struct kalos_handle kalos_handle;
 
 // Options for `kalos_open`. Always initialise with `kalos_options_init` and then change
@@ -347,12 +348,14 @@ kalos_status kalos_open(const char *name,
                         const struct kalos_options *opts,
                         struct kalos_handle **out);
 
-// Closes a handle and frees it. For the handle that runs the server, stops the server thread
-// and removes the store's name. NULL is a no-op. The handle must not be used afterwards, and
-// no other thread may be inside a call on it.
+// Closes a handle and releases the store it holds. For the handle that runs the server, stops
+// the server thread and removes the store's name. NULL is a no-op, and so is a second close of
+// the same handle: a closed handle keeps 16 bytes (never freed) so that a second close, or any
+// other call on it (which returns `KALOS_CLOSED`), is detected instead of touching freed memory.
+// No other thread may be inside a call on the handle while it is closed.
 //
 // # Safety
-// `h` must be NULL or a handle from `kalos_open` not yet closed.
+// `h` must be NULL or a handle from `kalos_open` (closed or not).
 void kalos_close(struct kalos_handle *h);
 
 // Recalls the top-`k` memories for one query of `query_len` (= dim) floats.

@@ -90,6 +90,8 @@ pub struct Tuning {
     pub gpu_min_work: Option<usize>,
     pub gpu_min_split_bytes: Option<usize>,
     pub compact_min_bytes: Option<u64>,
+    /// The permission bits a data directory may have (`KALOS_DATA_DIR_MODE`); `None` = 0700.
+    pub data_dir_mode: Option<u32>,
     pub copy_threads: Option<usize>,
     pub copy_streaming: bool,
     pub client_trace: bool,
@@ -128,6 +130,20 @@ impl Tuning {
         if cpu_threads == Some(0) {
             return Err(bad("KALOS_CPU_THREADS", "0", "a positive integer"));
         }
+        let data_dir_mode = match var("KALOS_DATA_DIR_MODE") {
+            None => None,
+            Some(s) => match u32::from_str_radix(s.trim(), 8) {
+                // The owner keeps rwx; group and others may get read and search, never write.
+                Ok(m) if s.trim().bytes().all(|b| b.is_ascii_digit()) && m & !0o777 == 0 && m & 0o700 == 0o700 && m & 0o022 == 0 => Some(m),
+                _ => {
+                    return Err(bad(
+                        "KALOS_DATA_DIR_MODE",
+                        &s,
+                        "octal permission bits that include 0700 and give group and others no write permission, e.g. 0750",
+                    ))
+                }
+            },
+        };
         let copy_threads: Option<usize> = num(&var, "KALOS_COPY_THREADS")?;
         if let Some(n) = copy_threads.filter(|n| !(1..=16).contains(n)) {
             return Err(bad("KALOS_COPY_THREADS", &n.to_string(), "1 to 16"));
@@ -141,6 +157,7 @@ impl Tuning {
             gpu_min_work: num(&var, "KALOS_GPU_MIN_WORK")?,
             gpu_min_split_bytes: num(&var, "KALOS_GPU_MIN_SPLIT_BYTES")?,
             compact_min_bytes: num(&var, "KALOS_COMPACT_MIN_BYTES")?,
+            data_dir_mode,
             copy_threads,
             copy_streaming: flag(&var, "KALOS_COPY_NT", true)?,
             client_trace: flag(&var, "KALOS_CLIENT_TRACE", false)?,
@@ -196,6 +213,7 @@ mod tests {
             ("KALOS_GPU_MIN_WORK", "77"),
             ("KALOS_GPU_MIN_SPLIT_BYTES", "0"),
             ("KALOS_COMPACT_MIN_BYTES", "32768"),
+            ("KALOS_DATA_DIR_MODE", "0750"),
             ("KALOS_COPY_THREADS", "2"),
             ("KALOS_COPY_NT", "0"),
             ("KALOS_CLIENT_TRACE", "1"),
@@ -215,6 +233,7 @@ mod tests {
                 gpu_min_work: Some(77),
                 gpu_min_split_bytes: Some(0),
                 compact_min_bytes: Some(32768),
+                data_dir_mode: Some(0o750),
                 copy_threads: Some(2),
                 copy_streaming: false,
                 client_trace: true,
@@ -236,10 +255,25 @@ mod tests {
             ("KALOS_COPY_NT", "yes"),
             ("KALOS_COMPACT_MIN_BYTES", "-1"),
             ("KALOS_CUDA_FAULT_AFTER", "x"),
+            ("KALOS_DATA_DIR_MODE", "0777"),
+            ("KALOS_DATA_DIR_MODE", "0770"),
+            ("KALOS_DATA_DIR_MODE", "0600"),
+            ("KALOS_DATA_DIR_MODE", "01750"),
+            ("KALOS_DATA_DIR_MODE", "0758"),
+            ("KALOS_DATA_DIR_MODE", "+750"),
+            ("KALOS_DATA_DIR_MODE", "rwxr-x---"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();
             assert_eq!(e.status, Status::InvalidArgument);
             assert!(e.message.contains(k), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn data_dir_mode_is_octal_owner_rwx_and_no_write_for_others() {
+        for (v, m) in [("0700", 0o700), ("700", 0o700), ("0750", 0o750), (" 0755 ", 0o755), ("0710", 0o710)] {
+            assert_eq!(with(&[("KALOS_DATA_DIR_MODE", v)]).unwrap().data_dir_mode, Some(m), "{v:?}");
+        }
+        assert_eq!(with(&[]).unwrap().data_dir_mode, None);
     }
 }

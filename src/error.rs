@@ -50,7 +50,9 @@ pub enum Status {
     BackendUnavailable = 18,
     /// The GPU engine failed (launch failure, out of memory); the message says what.
     Cuda = 19,
-    /// The segment belongs to another user or its permissions forbid access.
+    /// The segment or the data directory belongs to another user or its permissions forbid
+    /// access; or the data directory is open to group or others (beyond `KALOS_DATA_DIR_MODE`),
+    /// or holds a symbolic link (or another non-regular entry) where Kalos opens a file.
     PermissionDenied = 20,
     /// The request does not fit in a shared-memory slot; raise `slot_bytes`.
     TooLarge = 21,

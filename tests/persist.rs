@@ -2,6 +2,7 @@
 //! corruption detection, repair, locking). Fresh random data every run; the seed is printed.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use kalos::persist::{self, Persist, PersistOptions, WalOp, HEADER_BYTES};
@@ -148,9 +149,12 @@ fn assert_matches(store: &Store, model: &Model, ctx: &str) {
     }
 }
 
+/// Copies the snapshots and logs of `a` into a fresh directory `b`, made 0700 as a data
+/// directory must be.
 fn copy_dir(a: &Path, b: &Path) {
+    use std::os::unix::fs::DirBuilderExt;
     let _ = std::fs::remove_dir_all(b);
-    std::fs::create_dir_all(b).unwrap();
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(b).unwrap();
     for e in std::fs::read_dir(a).unwrap() {
         let e = e.unwrap();
         if e.file_type().unwrap().is_file() && e.file_name() != "LOCK" {
@@ -653,8 +657,7 @@ fn repair_checks_a_log_against_a_snapshot_at_the_last_sequence_number() {
 #[test]
 fn repair_refuses_a_header_dimension_beyond_max_dim() {
     for dim in [0u32, kalos::types::MAX_DIM as u32 + 1, 1 << 30, u32::MAX] {
-        let dir = tmpdir("huge-dim");
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = private_dir("huge-dim");
         let h = persist::fuzz::Header { dim, metric: 0, generation: 0, seq: 0 };
         std::fs::write(dir.join("wal-0000000000000000.wal"), persist::fuzz::encode_header(false, h)).unwrap();
         assert!(persist::dir_shape(&dir).unwrap().is_none(), "dim {dim}");
@@ -685,4 +688,183 @@ fn salvaging_a_snapshot_whose_end_block_undercounts_says_so() {
     assert_eq!((l.rows, salvaged.len()), (2, 2));
     assert_eq!(l.notes.len(), 1, "{:?}", l.notes);
     assert!(l.notes[0].ends_with("the end block says 0 rows; the blocks hold 2"), "{:?}", l.notes);
+}
+
+// Permissions, ownership and links (docs/DURABILITY.md, "Permissions and ownership").
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A directory made 0700 before Kalos sees it (as `mkdir -m 700` would).
+fn private_dir(tag: &str) -> PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let d = tmpdir(tag);
+    std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+    set_mode(&d, 0o700);
+    d
+}
+
+fn random_ops(rng: &mut StdRng, n: usize, model: &mut Model, p: &mut Persist, s: &mut Store) {
+    let dim = s.dim();
+    for _ in 0..n {
+        let op = random_op(rng, model, dim, 100);
+        apply(&op, model, p, s);
+    }
+}
+
+#[test]
+fn created_data_dir_is_0700_and_every_file_0600() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dim = 4;
+    let base = tmpdir("modes");
+    let dir = base.join("nested").join("data");
+    let (mut p, _, mut s) = open(&dir, dim, Metric::L2).unwrap();
+    let mut model = Model::new();
+    random_ops(&mut rng, 30, &mut model, &mut p, &mut s);
+    p.snapshot(&s).unwrap(); // snap-1 (through snap-1.snap.tmp) and wal-1
+    random_ops(&mut rng, 30, &mut model, &mut p, &mut s);
+    p.start_snapshot(&s).unwrap(); // snap-2 and wal-2, the snapshot written by a thread
+    while p.snapshot_in_progress() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    random_ops(&mut rng, 10, &mut model, &mut p, &mut s);
+    drop(p);
+    assert_eq!(mode_of(&dir), 0o700, "the data directory {}", dir.display());
+    let entries = |d: &Path| -> Vec<PathBuf> { std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).collect() };
+    let files = entries(&dir);
+    let has = |suffix: &str| files.iter().any(|f| f.to_string_lossy().ends_with(suffix));
+    assert!(has("/LOCK") && has(".snap") && has(".wal"), "{files:?}");
+    for f in &files {
+        assert_eq!(mode_of(f), 0o600, "{}", f.display());
+    }
+    // Repair moves the files into a directory of its own and writes a new generation.
+    let wal = files.iter().find(|f| f.extension().is_some_and(|x| x == "wal")).unwrap();
+    std::fs::OpenOptions::new().append(true).open(wal).unwrap().write_all(&[1, 2, 3]).unwrap();
+    let backup = persist::repair(&dir).unwrap().backup.expect("a torn tail is repaired");
+    assert_eq!(mode_of(&backup), 0o700, "{}", backup.display());
+    for f in entries(&dir).iter().filter(|f| **f != backup).chain(entries(&backup).iter()) {
+        assert_eq!(mode_of(f), 0o600, "{}", f.display());
+    }
+    let (_, _, s2) = open(&dir, dim, Metric::L2).unwrap();
+    assert_matches(&s2, &model, "after repair");
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn symlinks_in_the_data_directory_are_refused_never_followed() {
+    use std::os::unix::fs::symlink;
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dim = 4;
+    let precious: &[u8] = b"precious: not Kalos data\n";
+    let base = private_dir("links");
+    let outside = |n: &str| -> PathBuf {
+        let f = base.join(n);
+        std::fs::write(&f, precious).unwrap();
+        f
+    };
+    // The lock file.
+    let dir = base.join("lock");
+    std::fs::create_dir(&dir).unwrap();
+    set_mode(&dir, 0o700);
+    let target = outside("lock-target");
+    symlink(&target, dir.join("LOCK")).unwrap();
+    let e = open(&dir, dim, Metric::Cosine).err().expect("a LOCK that is a symlink is refused");
+    assert_eq!(e.status, Status::PermissionDenied, "{e}");
+    assert!(e.message.contains(&dir.join("LOCK").display().to_string()) && e.message.contains("symbolic link"), "{e}");
+    assert_eq!(std::fs::read(&target).unwrap(), precious, "the LOCK link's target is untouched");
+    // A link placed where the next log, snapshot temporary or snapshot will be created.
+    for (what, name) in
+        [("log", "wal-0000000000000001.wal"), ("temporary", "snap-0000000000000001.snap.tmp"), ("snapshot", "snap-0000000000000001.snap")]
+    {
+        let dir = base.join(what);
+        let (mut p, _, mut s) = open(&dir, dim, Metric::Cosine).unwrap();
+        let mut model = Model::new();
+        random_ops(&mut rng, 20, &mut model, &mut p, &mut s);
+        let target = outside(&format!("{what}-target"));
+        let link = dir.join(name);
+        symlink(&target, &link).unwrap();
+        let e = p.snapshot(&s).err().unwrap_or_else(|| panic!("{what}: a snapshot through a link must fail"));
+        assert_eq!(e.status, Status::PermissionDenied, "{what}: {e}");
+        assert!(e.message.contains(&link.display().to_string()) && e.message.contains("symbolic link"), "{what}: {e}");
+        assert_eq!(std::fs::read(&target).unwrap(), precious, "{what}: the link's target is untouched");
+        // The log keeps every write.
+        random_ops(&mut rng, 20, &mut model, &mut p, &mut s);
+        drop(p);
+        if what == "temporary" {
+            // A leftover temporary is deleted at open: the link itself, never its target.
+            let (_, _, s2) = open(&dir, dim, Metric::Cosine).unwrap();
+            assert_matches(&s2, &model, what);
+            assert!(std::fs::symlink_metadata(&link).is_err(), "{what}: the link is removed");
+        } else {
+            let e = open(&dir, dim, Metric::Cosine).err().unwrap_or_else(|| panic!("{what}: open with the link in place"));
+            assert_eq!(e.status, Status::PermissionDenied, "{what}: {e}");
+            std::fs::remove_file(&link).unwrap();
+            let (_, _, s2) = open(&dir, dim, Metric::Cosine).unwrap();
+            assert_matches(&s2, &model, what);
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), precious, "{what}: the link's target is untouched");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+#[test]
+fn data_dir_open_to_group_or_others_is_refused_unless_allowed() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let dim = 4;
+    let dir = tmpdir("perm");
+    let (mut p, _, mut s) = open(&dir, dim, Metric::InnerProduct).unwrap();
+    let mut model = Model::new();
+    random_ops(&mut rng, 20, &mut model, &mut p, &mut s);
+    drop(p);
+    for mode in [0o755, 0o777, 0o750, 0o701] {
+        set_mode(&dir, mode);
+        let e = open(&dir, dim, Metric::InnerProduct).err().unwrap_or_else(|| panic!("mode {mode:04o} must be refused"));
+        assert_eq!(e.status, Status::PermissionDenied, "{e}");
+        let m = &e.message;
+        assert!(m.contains(&dir.display().to_string()) && m.contains(&format!("mode {mode:04o}")) && m.contains("0700"), "{e}");
+    }
+    // KALOS_DATA_DIR_MODE allows more; kalosd reads it as the library does.
+    let kalosd = |allow: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kalosd"));
+        c.args(["repair", "--data-dir", dir.to_str().unwrap()]).env_remove("KALOS_DATA_DIR_MODE");
+        if let Some(a) = allow {
+            c.env("KALOS_DATA_DIR_MODE", a);
+        }
+        let o = c.output().unwrap();
+        (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    set_mode(&dir, 0o755);
+    let (ok, out) = kalosd(None);
+    assert!(!ok && out.contains("PERMISSION_DENIED") && out.contains("mode 0755"), "{out}");
+    let (ok, out) = kalosd(Some("0755"));
+    assert!(ok && out.contains("no damage found"), "{out}");
+    set_mode(&dir, 0o777);
+    let (ok, out) = kalosd(Some("0755"));
+    assert!(!ok && out.contains("mode 0777") && out.contains("0755"), "{out}");
+    set_mode(&dir, 0o700);
+    let (_, _, s2) = open(&dir, dim, Metric::InnerProduct).unwrap();
+    assert_matches(&s2, &model, "back to 0700");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn data_dir_of_another_user_is_refused() {
+    let dir = private_dir("owner");
+    if let Err(e) = std::os::unix::fs::chown(&dir, Some(65534), Some(65534)) {
+        println!("SKIP data_dir_of_another_user_is_refused: cannot chown {} to uid 65534: {e}", dir.display());
+        std::fs::remove_dir_all(&dir).unwrap();
+        return;
+    }
+    let e = open(&dir, 4, Metric::Cosine).err().expect("a directory of another user is refused");
+    assert_eq!(e.status, Status::PermissionDenied, "{e}");
+    assert!(e.message.contains(&dir.display().to_string()) && e.message.contains("uid 65534"), "{e}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing is created in it");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -454,3 +454,70 @@ fn slot_queries_are_answered_and_checked() {
         assert_eq!(st.engine_fallbacks, 0);
     }
 }
+
+/// Resident set size of this process, bytes.
+fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// A hostile recall whose answer could never fit its slot (32766 queries, k = 1024: a 400 MB
+/// reply through a 1 MiB slot) is refused before any work: the server's memory does not grow by
+/// the hundreds of megabytes the answer would take, and it keeps serving.
+#[test]
+fn a_recall_whose_reply_cannot_fit_the_slot_is_refused_before_any_work() {
+    let name = uniq("oversize");
+    let dim = 4usize;
+    let s = server(&name, dim as u32, |o| o.backend = Backend::Cpu);
+    let ids: Vec<u64> = (1..=2000).collect();
+    let v: Vec<f32> = (0..2000 * dim).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+    s.upsert(&ids, &v, &UpsertOptions::default()).unwrap();
+    let seg = Segment::attach(&name).unwrap();
+    let nq = 32766u32;
+    let mut req = Vec::new();
+    for x in [kalos::wire::OP_RECALL, 1024, nq, 0, u32::MAX] {
+        req.extend_from_slice(&x.to_le_bytes());
+    }
+    req.extend_from_slice(&0f32.to_le_bytes());
+    req.extend_from_slice(&1f64.to_le_bytes());
+    for i in 0..nq as usize * dim {
+        req.extend_from_slice(&((i % 5) as f32).to_le_bytes());
+    }
+    assert!(req.len() <= seg.data_bytes(), "the request itself fits the slot");
+    let before = rss_bytes();
+    let (st, body) = raw_call(&seg, 0, &req, req.len() as u32);
+    let grew = rss_bytes().saturating_sub(before);
+    assert_eq!(st, Status::TooLarge as u32, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("reply"), "{}", String::from_utf8_lossy(&body));
+    assert!(grew < 64 << 20, "the server's memory grew by {} MB for a refused request", grew >> 20);
+    // The store still answers an honest client.
+    let c = client(&name, |_| {});
+    assert_eq!(c.recall(&v[..dim], 5, &RecallOptions::default()).unwrap().len(), 5);
+    drop(c);
+    s.close();
+}
+
+/// Options under which the largest payload could never travel (a memory of dimension 60000 and a
+/// 100 kB payload through 300 kB slots) are refused at open, naming the values; the same store
+/// with room for one memory opens and takes it.
+#[test]
+fn options_that_can_never_carry_the_largest_payload_are_refused_at_open() {
+    let name = uniq("never");
+    let mut o = Options { role: Role::Server, dim: 60_000, backend: Backend::Cpu, ..Options::default() };
+    o.slot_bytes = 300_000;
+    o.max_payload_bytes = 100_000;
+    let Err(e) = Kalos::open(&name, &o) else { panic!("a store whose largest payload cannot fit a slot opened") };
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    for v in ["slot_bytes = 300000", "60000", "max_payload_bytes = 100000"] {
+        assert!(e.message.contains(v), "{v} not in {}", e.message);
+    }
+    o.slot_bytes = 400_000;
+    let s = Kalos::open(&name, &o).unwrap();
+    let v = vec![0.5f32; 60_000];
+    let payload = vec![7u8; 100_000];
+    let up = UpsertOptions { payloads: Some(vec![Some(&payload[..])]), ..UpsertOptions::default() };
+    s.upsert(&[1], &v, &up).unwrap();
+    assert_eq!(s.get(&[1]).unwrap()[0].payload.as_deref(), Some(&payload[..]));
+    s.close();
+}

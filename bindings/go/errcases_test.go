@@ -145,7 +145,9 @@ func TestLibraryErrors(t *testing.T) {
 }
 
 func TestLockedDataDir(t *testing.T) {
-	dir := t.TempDir()
+	// A directory the library creates (0700): t.TempDir() itself is 0755, which a data
+	// directory may not be.
+	dir := filepath.Join(t.TempDir(), "data")
 	a, err := Open(storeName(t), Options{Role: RoleServer, Dim: 4, DataDir: dir, Backend: BackendCPU})
 	if err != nil && strings.Contains(err.Error(), "not implemented") {
 		t.Skipf("this library has no persistence yet: %v", err)

@@ -23,6 +23,9 @@ pub(super) struct Finite<'a> {
 }
 
 /// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
+/// How often a waiting client checks that the server is alive (and not stopped).
+const LIVENESS_STEP: Duration = Duration::from_millis(20);
+
 fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
     if spin_ns == 0 {
         return Duration::ZERO;
@@ -55,6 +58,9 @@ impl Kalos {
         let pid = h.server_pid.load(Ordering::Relaxed);
         if !shm::process_alive(pid, h.server_start_ticks.load(Ordering::Relaxed)) {
             return Some(format!("the server process {pid} of {:?} is gone", self.name));
+        }
+        if shm::process_stopped(pid) {
+            return Some(format!("the server process {pid} of {:?} is stopped (SIGSTOP or a debugger)", self.name));
         }
         let hb = h.heartbeat_ms.load(Ordering::Relaxed);
         let now = shm::monotonic_ms();
@@ -103,9 +109,7 @@ impl Kalos {
         if let Some(f) = &floats {
             if let Err(i) = self.seg.write_finite_f32(slot_i, off, f.v) {
                 // Give the slot back unsubmitted (the same claim, state FREE).
-                slot.client_start_ticks.store(0, Ordering::Relaxed);
-                let _ =
-                    slot.state.compare_exchange(word, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+                slot.free_if(word);
                 return Err(non_finite(f.what, f.v[i], f.base + i));
             }
         }
@@ -127,9 +131,7 @@ impl Kalos {
             let mut buf = r.borrow_mut();
             self.seg.read_data(slot_i, &mut buf, len);
             // Release the slot (same claim, state FREE, pid cleared).
-            slot.client_start_ticks.store(0, Ordering::Relaxed);
-            let done = shm::with_state(submitted, shm::SLOT_DONE);
-            let _ = slot.state.compare_exchange(done, shm::pack(0, shm::gen_of(done), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+            slot.free_if(shm::with_state(submitted, shm::SLOT_DONE));
             if status != Status::Ok {
                 return Err(Error::new(status, error_message(&buf)));
             }
@@ -186,7 +188,8 @@ impl Kalos {
         let slot = self.seg.slot(slot_i);
         let done = shm::with_state(submitted, shm::SLOT_DONE);
         let t0 = Instant::now();
-        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed));
+        // The spin is part of the wait: it never outlasts the deadline.
+        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed)).min(deadline.saturating_duration_since(t0));
         // Smoothed answer time (1/4 of the new sample): only completed waits update it.
         let note = |t0: Instant| {
             let e = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
@@ -199,6 +202,8 @@ impl Kalos {
             // machine has fewer free cores than spinners, a pure spin would hold the core the
             // server needs for the rest of its time slice.
             let hot = Duration::from_nanos(self.spin_ns.min(5_000));
+            // A long spin checks the server's liveness as the sleeping wait does, every 20 ms.
+            let mut check = LIVENESS_STEP;
             let mut i = 0u32;
             loop {
                 if slot.state.load(Ordering::Acquire) == done {
@@ -210,6 +215,12 @@ impl Kalos {
                     let e = t0.elapsed();
                     if e >= spin {
                         break;
+                    }
+                    if e >= check {
+                        check = e + LIVENESS_STEP;
+                        if let Some(reason) = self.server_gone_reason() {
+                            return self.withdraw_gone(slot_i, submitted, reason);
+                        }
                     }
                     if e >= hot {
                         std::thread::yield_now();
@@ -232,14 +243,24 @@ impl Kalos {
                 slot.waiting.store(0, Ordering::Relaxed);
                 return self.abandon(slot_i, submitted);
             }
-            let step = (deadline - now).min(Duration::from_millis(20));
+            let step = (deadline - now).min(LIVENESS_STEP);
             futex::wait(shm::low_word(&slot.state), w as u32, step);
             if slot.state.load(Ordering::Acquire) != done {
                 if let Some(reason) = self.server_gone_reason() {
                     slot.waiting.store(0, Ordering::Relaxed);
-                    return Err(Error::new(Status::ServerGone, reason));
+                    return self.withdraw_gone(slot_i, submitted, reason);
                 }
             }
+        }
+    }
+
+    /// The server is gone or stopped: withdraw the request as at a deadline (a stopped server
+    /// that is continued later must not answer into a slot nobody reads), then report
+    /// SERVER_GONE, unless the answer landed meanwhile.
+    fn withdraw_gone(&self, slot_i: usize, submitted: u64, reason: String) -> Result<()> {
+        match self.abandon(slot_i, submitted) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Error::new(Status::ServerGone, reason)),
         }
     }
 
@@ -247,8 +268,7 @@ impl Kalos {
     /// reach this caller. If the result landed in the meantime, take it.
     fn abandon(&self, slot_i: usize, submitted: u64) -> Result<()> {
         let slot = self.seg.slot(slot_i);
-        let free = shm::pack(0, shm::gen_of(submitted), shm::SLOT_FREE);
-        if slot.state.compare_exchange(submitted, free, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if slot.free_if(submitted) {
             return Err(Error::new(Status::Timeout, "deadline passed before the server took the request (it did not run)"));
         }
         let processing = shm::with_state(submitted, shm::SLOT_PROCESSING);

@@ -60,7 +60,8 @@ pub enum kalos_status_code {
     KALOS_BACKEND_UNAVAILABLE = 18,
     /// The GPU engine failed.
     KALOS_CUDA = 19,
-    /// Permission denied (segment of another user).
+    /// Permission denied (segment or data directory of another user, a data directory open to
+    /// group or others, or a link inside the data directory).
     KALOS_PERMISSION_DENIED = 20,
     /// The request does not fit in a slot; raise slot_bytes.
     KALOS_TOO_LARGE = 21,
@@ -110,11 +111,21 @@ pub const KALOS_SYNC_INTERVAL: u32 = 1;
 /// WAL sync: never fsync (the OS decides).
 pub const KALOS_SYNC_NEVER: u32 = 2;
 
-/// An open store. Opaque; created by `kalos_open`, freed by `kalos_close`.
+/// An open store. Opaque; created by `kalos_open`, closed by `kalos_close`.
 #[allow(non_camel_case_types)]
 pub struct kalos_handle {
-    pub(super) inner: Kalos,
+    /// `HANDLE_LIVE` while open, `HANDLE_CLOSED` after `kalos_close`.
+    pub(super) magic: std::sync::atomic::AtomicU64,
+    /// The store; None once closed. Only `kalos_close` writes it, and no call may run on the
+    /// handle while it does (the API's contract), so every other access is a shared read.
+    pub(super) inner: std::cell::UnsafeCell<Option<Box<Kalos>>>,
 }
+
+/// `kalos_handle::magic` of an open handle.
+pub(super) const HANDLE_LIVE: u64 = 0x4b41_4c4f_535f_4f4b;
+/// `kalos_handle::magic` of a closed handle (the 16-byte husk is kept so that a second close,
+/// or a call on a closed handle, is detected instead of touching freed memory).
+pub(super) const HANDLE_CLOSED: u64 = 0x4b41_4c4f_535f_4344;
 
 /// Options for `kalos_open`. Always initialise with `kalos_options_init` and then change
 /// fields: `struct_size` lets later versions add fields without breaking old callers.
@@ -417,3 +428,5 @@ pub(super) unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
         gpu_memory_bytes: raw.gpu_memory_bytes,
     })
 }
+
+const _: () = assert!(std::mem::size_of::<kalos_handle>() == 16, "a closed handle keeps 16 bytes (kalos_close's doc)");

@@ -1,7 +1,9 @@
 //! The exported functions of the C ABI. Every body runs inside `guard` (a Rust panic becomes
 //! `KALOS_PANIC`) and reads its pointer arguments through the checked helpers below.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::*;
 use super::panic::{guard, set_last_error};
@@ -73,8 +75,18 @@ unsafe fn handle<'a>(h: *const kalos_handle) -> Result<&'a Kalos> {
     if h.is_null() {
         return Err(null("handle"));
     }
-    // SAFETY: the caller promises h came from kalos_open and was not closed.
-    Ok(unsafe { &(*h).inner })
+    // SAFETY: the caller promises h came from kalos_open; closed handles are never freed (only
+    // emptied), so reading the magic and the store is valid after a close too, and no close runs
+    // concurrently with this call (the API's contract).
+    let hd = unsafe { &*h };
+    if hd.magic.load(Ordering::Acquire) != HANDLE_LIVE {
+        return Err(Error::new(Status::Closed, "the handle was closed (kalos_close) or is not a Kalos handle"));
+    }
+    // SAFETY: see above: no close writes `inner` while a call runs.
+    match unsafe { &*hd.inner.get() } {
+        Some(k) => Ok(k),
+        None => Err(Error::new(Status::Closed, "the handle was closed (kalos_close)")),
+    }
 }
 
 /// Opens the store `name` (1-200 chars of `[A-Za-z0-9._-]`) in the role `opts->role` and
@@ -102,29 +114,36 @@ pub unsafe extern "C" fn kalos_open(name: *const c_char, opts: *const kalos_opti
         // SAFETY: opts is NULL or initialised per the contract.
         let o = unsafe { read_options(opts) }?;
         let k = Kalos::open(name, &o)?;
-        let h = Box::into_raw(Box::new(kalos_handle { inner: k }));
+        let h = Box::into_raw(Box::new(kalos_handle { magic: AtomicU64::new(HANDLE_LIVE), inner: UnsafeCell::new(Some(Box::new(k))) }));
         // SAFETY: out is non-NULL and writable.
         unsafe { *out = h };
         Ok(())
     })
 }
 
-/// Closes a handle and frees it. For the handle that runs the server, stops the server thread
-/// and removes the store's name. NULL is a no-op. The handle must not be used afterwards, and
-/// no other thread may be inside a call on it.
+/// Closes a handle and releases the store it holds. For the handle that runs the server, stops
+/// the server thread and removes the store's name. NULL is a no-op, and so is a second close of
+/// the same handle: a closed handle keeps 16 bytes (never freed) so that a second close, or any
+/// other call on it (which returns `KALOS_CLOSED`), is detected instead of touching freed memory.
+/// No other thread may be inside a call on the handle while it is closed.
 ///
 /// # Safety
-/// `h` must be NULL or a handle from `kalos_open` not yet closed.
+/// `h` must be NULL or a handle from `kalos_open` (closed or not).
 #[no_mangle]
 pub unsafe extern "C" fn kalos_close(h: *mut kalos_handle) {
     if h.is_null() {
         return;
     }
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: h came from Box::into_raw in kalos_open and is closed once (contract).
-        let b = unsafe { Box::from_raw(h) };
-        b.inner.close();
-        drop(b);
+        // SAFETY: h came from Box::into_raw in kalos_open and is never freed (contract).
+        let hd = unsafe { &*h };
+        if hd.magic.compare_exchange(HANDLE_LIVE, HANDLE_CLOSED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return;
+        }
+        // SAFETY: this thread won the close; no call runs on the handle meanwhile (contract).
+        if let Some(k) = unsafe { (*hd.inner.get()).take() } {
+            k.close();
+        }
     }));
 }
 

@@ -29,15 +29,20 @@
 //! unlike zlib's CRC-32, has a hardware instruction on every x86-64 server, so checksumming the
 //! log costs nothing next to the fsync.
 //!
+//! The directory must belong to the process's user and have mode 0700 (or at most
+//! `KALOS_DATA_DIR_MODE`); every file in it is opened through one directory descriptor without
+//! following links, and created 0600 (`dir`).
+//!
 //! Code: `record` (file header, row encoding), `wal` (log records: encode, scan, apply),
-//! `snapshot` (write, load), `dir` (file names, listing, maps, the lock), `recover`
-//! ([`Persist::open`]), `repair` ([`dir_shape`], [`repair()`]), `fuzz` (the parsers on bytes in
-//! memory, for `tests/fuzz.rs`); this file holds the public types
-//! and the running [`Persist`]: append, group commit, compaction.
+//! `snapshot` (write, load), `dir` (file names, the directory checks, every file operation,
+//! listing, maps, the lock), `recover` ([`Persist::open`]), `repair` ([`dir_shape`],
+//! [`repair()`]), `fuzz` (the parsers on bytes in memory, for `tests/fuzz.rs`); this file holds
+//! the public types and the running [`Persist`]: append, group commit, compaction.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result, Status};
@@ -58,7 +63,7 @@ pub use crc::{crc32c, crc32c_update};
 pub use record::{FORMAT_VERSION, HEADER_BYTES};
 pub use repair::{dir_shape, repair, RepairReport};
 
-use dir::{fsync_dir, io_err, list_dir, snap_name, wal_name};
+use dir::{io_err, snap_name, wal_name, DataDir, OpenMode};
 use record::{FileHeader, Kind};
 use snapshot::{write_snapshot, TableCopy};
 use wal::encode_record;
@@ -110,7 +115,8 @@ struct BgSnap {
 /// The durability of one store: the locked data directory, the log being appended to, and
 /// compaction. Made by [`Persist::open`] (recovery, in `recover.rs`).
 pub struct Persist {
-    dir: PathBuf,
+    /// The data directory; shared with the background snapshot thread.
+    dir: Arc<DataDir>,
     _lock: File,
     opts: PersistOptions,
     dim: usize,
@@ -234,7 +240,7 @@ impl Persist {
         self.poll_bg(true);
         let g = self.switch_log()?;
         let copy = TableCopy::of(store);
-        let (dir, seq) = (self.dir.clone(), self.next_seq);
+        let (dir, seq) = (Arc::clone(&self.dir), self.next_seq);
         let handle = std::thread::Builder::new()
             .name("kalos-snapshot".into())
             .spawn(move || write_snapshot(&dir, g, seq, &copy))
@@ -263,7 +269,6 @@ impl Persist {
             }
             Err(e) => {
                 self.log_since_snap += pending;
-                let _ = fs::remove_file(self.dir.join(format!("{}.tmp", snap_name(g))));
                 Err(e)
             }
         }
@@ -278,13 +283,13 @@ impl Persist {
             self.sync()?;
         }
         let g = self.gen + 1;
-        let path = self.dir.join(wal_name(g));
+        let name = wal_name(g);
+        let path = self.dir.join(&name);
         let hdr = FileHeader { kind: Kind::Wal, dim: self.dim as u32, metric: self.metric as u32, generation: g, seq: self.next_seq };
-        let mut wal =
-            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).map_err(|e| io_err("create", &path, e))?;
+        let mut wal = self.dir.open_file(&name, OpenMode::Truncate)?;
         wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &path, e))?;
         wal.sync_all().map_err(|e| io_err("fsync", &path, e))?;
-        fsync_dir(&self.dir)?;
+        self.dir.fsync()?;
         self.wal = wal;
         self.wal_path = path;
         self.wal_len = HEADER_BYTES as u64;
@@ -303,10 +308,10 @@ impl Persist {
         match r {
             Ok(size) => self.finish_snapshot(b.gen, b.seq, size),
             Err(e) => {
-                // The log chain still holds everything; the next tick retries.
+                // The log chain still holds everything; the next tick retries. (`write_snapshot`
+                // removed its temp file.)
                 eprintln!("kalos: background snapshot {} failed: {e}; the logs are kept and it will be retried in 60 s", snap_name(b.gen));
                 self.retry_at = Some(Instant::now() + Duration::from_secs(60));
-                let _ = fs::remove_file(self.dir.join(format!("{}.tmp", snap_name(b.gen))));
                 self.log_since_snap += b.pending_bytes;
             }
         }
@@ -318,15 +323,15 @@ impl Persist {
         self.snap_gen = g;
         self.snap_seq = seq;
         self.snap_bytes = size;
-        if let Ok(l) = list_dir(&self.dir) {
+        if let Ok(l) = self.dir.list() {
             for &old in l.snaps.iter().filter(|&&x| x < g) {
-                let _ = fs::remove_file(self.dir.join(snap_name(old)));
+                let _ = self.dir.remove(&snap_name(old));
             }
             for &old in l.wals.iter().filter(|&&x| x < g) {
-                let _ = fs::remove_file(self.dir.join(wal_name(old)));
+                let _ = self.dir.remove(&wal_name(old));
             }
         }
-        let _ = fsync_dir(&self.dir);
+        let _ = self.dir.fsync();
     }
 
     /// Current generation (for tests and tools).

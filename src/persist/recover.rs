@@ -1,12 +1,12 @@
 //! Recovery: opening a data directory loads the newest snapshot and replays its log chain,
 //! truncating a torn tail and refusing damage in the middle of the log (docs/DURABILITY.md).
 
-use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::dir::{fsync_dir, io_err, list_dir, lock_dir, map_file, snap_name, wal_name};
+use super::dir::{io_err, snap_name, wal_name, DataDir, OpenMode};
 use super::record::{check_shape, corrupt, FileHeader, Kind, HEADER_BYTES, REC_HEADER};
 use super::snapshot::load_snapshot;
 use super::wal::{apply_record, scan_log};
@@ -16,15 +16,19 @@ use crate::store::Store;
 use crate::types::{now_unix_ms, Metric};
 
 impl Persist {
-    /// Locks `dir`, loads the latest snapshot and replays the log into `store`.
-    pub fn open(dir: &Path, dim: usize, metric: Metric, opts: &PersistOptions, store: &mut Store) -> Result<(Persist, Recovery)> {
+    /// Opens the data directory `dir_path` (created 0700 when missing; refused when it belongs to
+    /// another user or is open to group or others beyond `KALOS_DATA_DIR_MODE`), locks it, loads
+    /// the latest snapshot and replays the log into `store`.
+    pub fn open(dir_path: &Path, dim: usize, metric: Metric, opts: &PersistOptions, store: &mut Store) -> Result<(Persist, Recovery)> {
         let t0 = Instant::now();
-        let lock = lock_dir(dir)?;
+        let dir = DataDir::create(dir_path)?;
+        let lock = dir.lock()?;
         let mut rec = Recovery::default();
-        let l = list_dir(dir)?;
+        let l = dir.list()?;
         for t in &l.tmps {
-            // An interrupted snapshot write: never renamed, so never part of the state.
-            let _ = fs::remove_file(t);
+            // An interrupted snapshot write: never renamed, so never part of the state. (A link
+            // is removed itself, never its target.)
+            let _ = dir.remove(t);
         }
         let gen = l.snaps.last().copied().unwrap_or(0);
         rec.generation = gen;
@@ -35,14 +39,14 @@ impl Persist {
             if let Some(&g) = l.wals.iter().find(|&&g| g > 0) {
                 return Err(Error::new(
                     Status::Corrupt,
-                    format!("{}: log {} needs snapshot {} which is missing", dir.display(), wal_name(g), snap_name(g)),
+                    format!("{}: log {} needs snapshot {} which is missing", dir.path().display(), wal_name(g), snap_name(g)),
                 ));
             }
         }
         let (mut snap_seq, mut snap_bytes) = (0u64, 0u64);
         if l.snaps.contains(&gen) {
-            let p = dir.join(snap_name(gen));
-            let (h, rows, size, _) = load_snapshot(&p, Some((dim as u32, metric as u32)), store, false)?;
+            let p = dir.join(&snap_name(gen));
+            let (h, rows, size, _) = load_snapshot(&dir, &snap_name(gen), Some((dim as u32, metric as u32)), store, false)?;
             if h.generation != gen {
                 return Err(corrupt(&p, 24, format!("header says generation {}, the name says {gen}", h.generation)));
             }
@@ -58,7 +62,11 @@ impl Persist {
             if g != gen + i as u64 {
                 return Err(Error::new(
                     Status::Corrupt,
-                    format!("{}: log {} is missing (the logs after snapshot {gen} have a gap)", dir.display(), wal_name(gen + i as u64)),
+                    format!(
+                        "{}: log {} is missing (the logs after snapshot {gen} have a gap)",
+                        dir.path().display(),
+                        wal_name(gen + i as u64)
+                    ),
                 ));
             }
         }
@@ -67,9 +75,9 @@ impl Persist {
         let mut wal_len = 0u64;
         for (i, &g) in chain.iter().enumerate() {
             let last = i + 1 == chain.len();
-            let path = dir.join(wal_name(g));
+            let path = dir.join(&wal_name(g));
             last_gen = g;
-            let (_f, m) = map_file(&path)?;
+            let (_f, m) = dir.map(&wal_name(g))?;
             let b: &[u8] = m.as_deref().unwrap_or(&[]);
             if b.len() < HEADER_BYTES {
                 if !last {
@@ -105,7 +113,7 @@ impl Persist {
                         format!(
                             "damaged log record in the middle of the log ({}); nothing was changed — run `kalosd repair --data-dir {}` to keep the {} intact records before it",
                             if later { "intact records follow it" } else { "later logs follow it" },
-                            dir.display(),
+                            dir.path().display(),
                             rec.records_replayed + s.records.len() as u64
                         ),
                     ));
@@ -127,21 +135,15 @@ impl Persist {
                 ));
             }
         }
-        let wal_path = dir.join(wal_name(last_gen));
+        let wal_path = dir.join(&wal_name(last_gen));
         let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: last_gen, seq: next_seq };
-        let mut wal = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&wal_path)
-            .map_err(|e| io_err("open", &wal_path, e))?;
+        let mut wal = dir.open_file(&wal_name(last_gen), OpenMode::ReadWrite)?;
         if wal_len < HEADER_BYTES as u64 {
             wal.set_len(0).map_err(|e| io_err("truncate", &wal_path, e))?;
             wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &wal_path, e))?;
             wal_len = HEADER_BYTES as u64;
             wal.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
-            fsync_dir(dir)?;
+            dir.fsync()?;
         } else if rec.torn_tail.is_some() {
             wal.set_len(wal_len).map_err(|e| io_err("truncate", &wal_path, e))?;
             wal.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
@@ -150,17 +152,17 @@ impl Persist {
         wal.seek(std::io::SeekFrom::Start(wal_len)).map_err(|e| io_err("seek", &wal_path, e))?;
         // Older generations are fully contained in the snapshot: finish an interrupted cleanup.
         for &g in l.snaps.iter().filter(|&&g| g < gen) {
-            let _ = fs::remove_file(dir.join(snap_name(g)));
+            let _ = dir.remove(&snap_name(g));
         }
         for &g in l.wals.iter().filter(|&&g| g < gen) {
-            let _ = fs::remove_file(dir.join(wal_name(g)));
+            let _ = dir.remove(&wal_name(g));
         }
         rec.expired = store.purge_expired(now_unix_ms()).len() as u64;
         store.take_dirty();
         let compact_min = crate::config::tuning_or_default().compact_min_bytes.unwrap_or(DEFAULT_COMPACT_MIN_BYTES);
         rec.elapsed_ms = t0.elapsed().as_millis() as u64;
         let p = Persist {
-            dir: dir.to_path_buf(),
+            dir: Arc::new(dir),
             _lock: lock,
             opts: opts.clone(),
             dim,

@@ -1,10 +1,9 @@
 //! Offline tools on a data directory that no server holds: read its shape, repair it.
 
-use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::dir::{fsync_dir, io_err, list_dir, lock_dir, snap_name, wal_name};
+use super::dir::{io_err, snap_name, wal_name, DataDir, OpenMode};
 use super::record::{FileHeader, Kind, HEADER_BYTES, REC_HEADER};
 use super::snapshot::{load_snapshot, write_snapshot};
 use super::wal::{apply_record, record_at, scan_log};
@@ -13,38 +12,43 @@ use crate::store::Store;
 use crate::types::{now_unix_ms, Metric, MAX_DIM};
 
 /// Reads `(dim, metric)` from the newest snapshot or log header in `dir` that is intact and names
-/// a dimension from 1 to `MAX_DIM`.
+/// a dimension from 1 to `MAX_DIM` (`None` when there is no directory or no such header). The
+/// directory is checked as [`Persist::open`] checks it.
+///
+/// [`Persist::open`]: super::Persist::open
 pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
-    if !dir.exists() {
-        return Ok(None);
+    match DataDir::open_existing(dir)? {
+        None => Ok(None),
+        Some(d) => shape_of(&d),
     }
-    let l = list_dir(dir)?;
-    let mut cands: Vec<(PathBuf, Kind)> = Vec::new();
+}
+
+fn shape_of(dir: &DataDir) -> Result<Option<(usize, Metric)>> {
+    let l = dir.list()?;
+    let mut cands: Vec<(String, Kind)> = Vec::new();
     for &g in l.snaps.iter().rev() {
-        cands.push((dir.join(snap_name(g)), Kind::Snap));
+        cands.push((snap_name(g), Kind::Snap));
     }
     for &g in l.wals.iter().rev() {
-        cands.push((dir.join(wal_name(g)), Kind::Wal));
+        cands.push((wal_name(g), Kind::Wal));
     }
-    for (p, k) in cands {
-        let b = match fs::read(&p) {
+    for (n, k) in cands {
+        let head = match dir.read(&n, HEADER_BYTES as u64) {
             Ok(b) => b,
             Err(_) => continue,
         };
-        let head = &b[..b.len().min(HEADER_BYTES)];
         // A dimension no store can have is not trusted either (it sizes repair's buffers).
-        if let Some(h) = FileHeader::decode(&p, head, k).ok().filter(|h| (1..=MAX_DIM).contains(&(h.dim as usize))) {
+        if let Some(h) = FileHeader::decode(&dir.join(&n), &head, k).ok().filter(|h| (1..=MAX_DIM).contains(&(h.dim as usize))) {
             return Ok(Some((h.dim as usize, Metric::from_u32(h.metric)?)));
         }
     }
     Ok(None)
 }
 
-/// The header of the file at `path` when it is intact (None when unreadable).
-fn intact_header(path: &Path, kind: Kind) -> Option<FileHeader> {
-    let mut b = [0u8; HEADER_BYTES];
-    File::open(path).ok()?.read_exact(&mut b).ok()?;
-    FileHeader::decode(path, &b, kind).ok()
+/// The header of the file `name` in `dir` when it is intact (None when unreadable).
+fn intact_header(dir: &DataDir, name: &str, kind: Kind) -> Option<FileHeader> {
+    let b = dir.read(name, HEADER_BYTES as u64).ok()?;
+    FileHeader::decode(&dir.join(name), &b, kind).ok()
 }
 
 /// Counts the intact records (any sequence number) from `from` on, skipping damage.
@@ -82,12 +86,12 @@ pub struct RepairReport {
 /// files are moved to `dir/repair-<unix ms>/` (nothing is deleted), and a fresh snapshot of the
 /// recovered state is written as the next generation. When the directory is healthy, repair
 /// changes nothing.
-pub fn repair(dir: &Path) -> Result<RepairReport> {
-    let Some((dim, metric)) = dir_shape(dir)? else {
-        return Err(Error::new(Status::NotFound, format!("{} holds no readable snapshot or log header", dir.display())));
-    };
-    let lock = lock_dir(dir)?;
-    let l = list_dir(dir)?;
+pub fn repair(dir_path: &Path) -> Result<RepairReport> {
+    let no_data = || Error::new(Status::NotFound, format!("{} holds no readable snapshot or log header", dir_path.display()));
+    let dir = DataDir::open_existing(dir_path)?.ok_or_else(no_data)?;
+    let (dim, metric) = shape_of(&dir)?.ok_or_else(no_data)?;
+    let lock = dir.lock()?;
+    let l = dir.list()?;
     let mut store = Store::new(dim, metric, u32::MAX as usize, u32::MAX as usize);
     let mut rep = RepairReport::default();
     let gen = l.snaps.last().copied().unwrap_or(0);
@@ -95,11 +99,11 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     let mut seq = Some(0u64);
     let mut damaged = false;
     if l.snaps.contains(&gen) {
-        let p = dir.join(snap_name(gen));
-        let (_, rows, _, notes) = load_snapshot(&p, Some((dim as u32, metric as u32)), &mut store, true)?;
+        let p = dir.join(&snap_name(gen));
+        let (_, rows, _, notes) = load_snapshot(&dir, &snap_name(gen), Some((dim as u32, metric as u32)), &mut store, true)?;
         // From the header itself: a damaged one is loaded with a stand-in whose fields (2^64 - 1)
         // an intact header may hold too.
-        let intact = intact_header(&p, Kind::Snap);
+        let intact = intact_header(&dir, &snap_name(gen), Kind::Snap);
         seq = intact.map(|h| h.seq);
         rep.snapshot_rows = rows;
         damaged |= !notes.is_empty();
@@ -114,12 +118,16 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
     let chain: Vec<u64> = l.wals.iter().copied().filter(|&g| g >= gen).collect();
     let mut stopped = false;
     for (i, &g) in chain.iter().enumerate() {
-        let wal_path = dir.join(wal_name(g));
-        let b = fs::read(&wal_path).map_err(|e| io_err("read", &wal_path, e))?;
+        let wal_path = dir.join(&wal_name(g));
+        let b = dir.read(&wal_name(g), u64::MAX)?;
         if !stopped && g != gen + i as u64 {
             damaged = true;
             stopped = true;
-            rep.notes.push(format!("{}: log {} is missing; the logs after it are not applied", dir.display(), wal_name(gen + i as u64)));
+            rep.notes.push(format!(
+                "{}: log {} is missing; the logs after it are not applied",
+                dir.path().display(),
+                wal_name(gen + i as u64)
+            ));
         }
         if stopped {
             rep.records_after_damage += count_records(&b, HEADER_BYTES);
@@ -191,27 +199,21 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
         return Ok(rep);
     }
     // Move every snapshot/log aside, then write the recovered state as a new generation.
-    let backup = dir.join(format!("repair-{}", now_unix_ms()));
-    fs::create_dir_all(&backup).map_err(|e| io_err("create", &backup, e))?;
+    let backup = dir.create_subdir(&format!("repair-{}", now_unix_ms()))?;
     let newest = l.snaps.iter().chain(l.wals.iter()).copied().max().unwrap_or(0);
-    for &g in &l.snaps {
-        let n = snap_name(g);
-        fs::rename(dir.join(&n), backup.join(&n)).map_err(|e| io_err("move", &dir.join(&n), e))?;
+    for n in l.snaps.iter().map(|&g| snap_name(g)).chain(l.wals.iter().map(|&g| wal_name(g))) {
+        dir.rename(&n, &backup, &n)?;
     }
-    for &g in &l.wals {
-        let n = wal_name(g);
-        fs::rename(dir.join(&n), backup.join(&n)).map_err(|e| io_err("move", &dir.join(&n), e))?;
-    }
-    fsync_dir(&backup)?;
+    backup.fsync()?;
     let g = newest + 1;
     let next_seq = seq.unwrap_or(0);
-    let wal_path = dir.join(wal_name(g));
+    let wal_path = dir.join(&wal_name(g));
     let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: g, seq: next_seq };
-    let mut w = File::create(&wal_path).map_err(|e| io_err("create", &wal_path, e))?;
+    let mut w = dir.open_file(&wal_name(g), OpenMode::Truncate)?;
     w.write_all(&hdr.encode()).map_err(|e| io_err("write", &wal_path, e))?;
     w.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
-    write_snapshot(dir, g, next_seq, &store)?;
-    rep.backup = Some(backup);
+    write_snapshot(&dir, g, next_seq, &store)?;
+    rep.backup = Some(backup.path().to_path_buf());
     drop(lock);
     Ok(rep)
 }

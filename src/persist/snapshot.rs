@@ -1,12 +1,11 @@
 //! Snapshots: the whole table as of a sequence number, in checksummed blocks (written from the
 //! live store or from a copy of its columns, loaded at recovery and by repair).
 
-use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use super::crc::{crc32c, crc32c_update};
-use super::dir::{fsync_dir, io_err, map_file, snap_name};
+use super::dir::{io_err, snap_name, DataDir, OpenMode};
 use super::record::{
     check_shape, corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u64, FileHeader, Kind, HEADER_BYTES, REC_HEADER,
 };
@@ -129,18 +128,27 @@ impl SnapSource for TableCopy {
 }
 
 /// Writes the whole store as snapshot generation `gen` covering sequence numbers `< seq`:
-/// temp file, fsync, rename, fsync directory. Returns the snapshot size in bytes.
-pub(super) fn write_snapshot<S: SnapSource>(dir: &Path, gen: u64, seq: u64, store: &S) -> Result<u64> {
-    let tmp = dir.join(format!("{}.tmp", snap_name(gen)));
-    let fin = dir.join(snap_name(gen));
-    let f = File::create(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+/// temp file (created with `O_EXCL`), fsync, rename, fsync directory. Returns the snapshot size
+/// in bytes. On failure the temp file, if this call created it, is removed.
+pub(super) fn write_snapshot<S: SnapSource>(dir: &DataDir, gen: u64, seq: u64, store: &S) -> Result<u64> {
+    let tmp_name = format!("{}.tmp", snap_name(gen));
+    let f = dir.open_file(&tmp_name, OpenMode::CreateNew)?;
+    let r = write_snapshot_to(dir, f, &tmp_name, gen, seq, store);
+    if r.is_err() {
+        let _ = dir.remove(&tmp_name);
+    }
+    r
+}
+
+fn write_snapshot_to<S: SnapSource>(dir: &DataDir, f: std::fs::File, tmp_name: &str, gen: u64, seq: u64, store: &S) -> Result<u64> {
+    let tmp = dir.join(tmp_name);
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let total = encode_snapshot(&mut w, gen, seq, store).map_err(|e| io_err("write", &tmp, e))?;
     let f = w.into_inner().map_err(|e| io_err("write", &tmp, e.into_error()))?;
     f.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
     drop(f);
-    fs::rename(&tmp, &fin).map_err(|e| io_err("rename", &tmp, e))?;
-    fsync_dir(dir)?;
+    dir.rename(tmp_name, dir, &snap_name(gen))?;
+    dir.fsync()?;
     Ok(total)
 }
 
@@ -201,13 +209,14 @@ pub(super) fn encode_snapshot<S: SnapSource, W: Write>(w: &mut W, gen: u64, seq:
 /// Returns the header, the rows loaded, the size up to the end block, and one note per problem
 /// skipped (only when salvaging).
 pub(super) fn load_snapshot(
-    path: &Path,
+    dir: &DataDir,
+    name: &str,
     hdr_expect: Option<(u32, u32)>,
     store: &mut Store,
     salvage: bool,
 ) -> Result<(FileHeader, u64, u64, Vec<String>)> {
-    let (_f, m) = map_file(path)?;
-    load_snapshot_bytes(path, m.as_deref().unwrap_or(&[]), hdr_expect, store, salvage)
+    let (_f, m) = dir.map(name)?;
+    load_snapshot_bytes(&dir.join(name), m.as_deref().unwrap_or(&[]), hdr_expect, store, salvage)
 }
 
 /// [`load_snapshot`] on the bytes `b` of the snapshot file `path` (named in errors and notes).

@@ -39,7 +39,8 @@ use crate::persist::{Persist, PersistOptions};
 use crate::shm::{self, futex, Geometry, Segment, ServerLock};
 use crate::store::Store;
 use crate::types::{now_unix_ms, validate_name, Backend, Hit, Metric, MAX_DIM, MAX_K};
-use crate::wire::request::{vector_bytes, HEAD_RESERVE};
+use crate::wire::request::{upsert_item_bytes, vector_bytes, HEAD_RESERVE};
+use crate::wire::response::record_bytes;
 use crate::wire::Writer;
 use serve::{Pending, MIRROR_MIN_BYTES};
 use stats::Metrics;
@@ -100,6 +101,16 @@ fn validate_options(o: &Options) -> Result<()> {
     if o.max_payload_bytes as usize > o.slot_bytes as usize / 2 {
         return bad(format!("max_payload_bytes = {} must be at most half of slot_bytes ({})", o.max_payload_bytes, o.slot_bytes));
     }
+    // One memory with the largest payload must fit a slot both ways: as an upsert, and as the
+    // record a get returns.
+    let (dim, payload) = (o.dim as usize, o.max_payload_bytes as usize);
+    let one = (upsert_item_bytes(dim) + payload).max(record_bytes(dim, payload)) + HEAD_RESERVE;
+    if one > o.slot_bytes as usize {
+        return bad(format!(
+            "slot_bytes = {} cannot hold one memory of dimension {dim} with a payload of max_payload_bytes = {payload} ({one} bytes): raise slot_bytes or lower max_payload_bytes",
+            o.slot_bytes
+        ));
+    }
     Ok(())
 }
 
@@ -109,8 +120,12 @@ pub fn start(name: &str, opts: &Options) -> Result<(Arc<Segment>, ServerHandle)>
     validate_name(name)?;
     validate_options(opts)?;
     let backend = resolve_backend(opts.backend)?;
-    let lock = ServerLock::try_acquire(name, opts.mode)?
-        .ok_or_else(|| Error::new(Status::AlreadyExists, format!("a live server already owns store {name:?}")))?;
+    let lock = ServerLock::try_acquire(name, opts.mode)?.ok_or_else(|| {
+        Error::new(
+            Status::AlreadyExists,
+            format!("a live server already owns store {name:?}: {}", shm::describe_holder(&format!("{}.lock", shm::shm_name(name)))),
+        )
+    })?;
     let mut store = Store::new(opts.dim as usize, opts.metric, opts.capacity as usize, opts.max_payload_bytes as usize);
     let persist = match &opts.data_dir {
         None => None,

@@ -108,7 +108,7 @@ impl Server {
     fn release_abandoned(&self, slot_i: usize, word: u64) {
         let slot = self.seg.slot(slot_i);
         let ab = shm::with_state(word, shm::SLOT_ABANDONED);
-        let _ = slot.state.compare_exchange(ab, shm::pack(0, shm::gen_of(word), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed);
+        slot.free_if(ab);
     }
 
     /// The server stops (`status` SERVER_GONE) or its thread panicked (PANIC): answers every

@@ -38,11 +38,27 @@ struct Parsed<'a> {
     slot: Option<SlotQueries>,
 }
 
+/// Hits the server keeps allocated between batches for result vectors (16 bytes each).
+const RETAIN_HITS: usize = 1 << 16;
+
 impl Server {
     /// Reads and checks one recall request.
     fn parse_recall<'a>(&self, p: &'a Pending) -> Result<Parsed<'a>> {
         let mut r = Reader::new(p.body());
         let RecallHead { k, nq, flags, namespaces, recency_weight: w, half_life_ms: hl } = RecallHead::decode(&mut r)?;
+        // The answer must fit the slot it goes back through: refused before any work (nq * k
+        // hits take 12 bytes each, plus 4 per query).
+        let reply = nq.checked_mul(k).map(|t| crate::wire::response::recall_body_len(nq, t));
+        if reply.is_none_or(|b| b > self.seg.data_bytes()) {
+            return Err(Error::new(
+                Status::TooLarge,
+                format!(
+                    "a recall of {nq} queries with k = {k} needs {} reply; the store's slots hold {} bytes (split the batch, lower k, or open the store with larger slot_bytes)",
+                    reply.map_or("an unrepresentably large".to_string(), |b| format!("{b}-byte")),
+                    self.seg.data_bytes()
+                ),
+            ));
+        }
         let filter = match &namespaces {
             None => Filter::all(),
             Some(ns) => Filter::new(ns)?,
@@ -227,6 +243,10 @@ impl Server {
                 });
             }
         }
-        self.search_out = out;
+        // Result vectors are kept for the next batch, unless a large batch grew them past
+        // RETAIN_HITS: work memory returns to its baseline after a large request.
+        if out.iter().map(|v| v.capacity()).sum::<usize>() <= RETAIN_HITS {
+            self.search_out = out;
+        }
     }
 }

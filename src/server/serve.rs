@@ -199,10 +199,8 @@ impl Server {
             }
             let pid = shm::pid_of(w);
             let ticks = slot.client_start_ticks.load(Ordering::Relaxed);
-            if !shm::process_alive(pid, ticks)
-                && slot.state.compare_exchange(w, shm::pack(0, shm::gen_of(w), shm::SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok()
-            {
-                slot.client_start_ticks.store(0, Ordering::Relaxed);
+            if !shm::process_alive(pid, ticks) {
+                slot.free_if(w);
             }
         }
         // Expired memories: never returned by the scan; their space is reclaimed here.

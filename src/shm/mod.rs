@@ -111,6 +111,19 @@ pub struct SlotHeader {
     pub _pad: [u32; 7],
 }
 
+impl SlotHeader {
+    /// Frees the slot if its state word is still `word`: clears the owner's start ticks first,
+    /// then publishes FREE (same generation, pid cleared) with release ordering. Every path to
+    /// FREE goes through here, so a free slot never carries a previous owner's ticks: the next
+    /// claimer's CAS acquires the cleared value, and until it stores its own ticks the reaper
+    /// reads 0 ("not recorded yet", liveness by pid alone) instead of a stale value that would
+    /// make a live owner look dead. Returns whether the slot was freed.
+    pub fn free_if(&self, word: u64) -> bool {
+        self.client_start_ticks.store(0, Ordering::Relaxed);
+        self.state.compare_exchange(word, pack(0, gen_of(word), SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+}
+
 const _: () = assert!(std::mem::size_of::<SlotHeader>() == SLOT_HEADER_BYTES);
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
 
@@ -173,6 +186,13 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
     f.nth(18)?.parse().ok()
 }
 
+/// True when the process is stopped by a signal (SIGSTOP, SIGTSTP) or by a tracer: it cannot
+/// answer until it is continued.
+pub fn process_stopped(pid: u32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    s.rfind(')').and_then(|i| s.get(i + 2..)).and_then(|r| r.split_whitespace().next()).is_some_and(|st| st == "T" || st == "t")
+}
+
 pub fn self_start_ticks() -> u64 {
     process_start_ticks(std::process::id()).unwrap_or(0)
 }
@@ -196,6 +216,31 @@ pub fn monotonic_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// Who holds `/dev/shm/<file>`: its owner's uid and mode and, when a process holds an flock on
+/// it, that process's pid (from /proc/locks), for errors about a name someone else took.
+pub fn describe_holder(file: &str) -> String {
+    let path = format!("/dev/shm/{}", file.trim_start_matches('/'));
+    let Ok(md) = std::fs::metadata(&path) else { return format!("{path} (not readable)") };
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut s =
+        format!("{path} is owned by uid {}{} (mode {:04o})", md.uid(), if md.uid() == me { ", yours" } else { "" }, md.mode() & 0o7777);
+    let ino = md.ino();
+    let holder = std::fs::read_to_string("/proc/locks").ok().and_then(|locks| {
+        locks.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "1: FLOCK  ADVISORY  WRITE 1234 00:19:5678 0 EOF"
+            let (pid, dev_ino) = (f.get(4)?, f.get(5)?);
+            (dev_ino.rsplit(':').next()?.parse::<u64>().ok()? == ino).then(|| pid.to_string())
+        })
+    });
+    if let Some(pid) = holder {
+        s.push_str(&format!(", locked by pid {pid}"));
+    }
+    s
+}
+
 /// The lock that elects the one server of a name: an flock on `/kalos.<name>.lock`, held for the
 /// server's life and released by the kernel when the process dies, even by SIGKILL.
 pub struct ServerLock {
@@ -216,8 +261,17 @@ impl ServerLock {
             let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, mode as libc::mode_t) };
             if fd < 0 {
                 let e = std::io::Error::last_os_error();
-                let st = if e.raw_os_error() == Some(libc::EACCES) { Status::PermissionDenied } else { Status::Io };
-                return Err(Error::new(st, format!("open lock {}: {e}", path.to_string_lossy())));
+                if e.raw_os_error() == Some(libc::EACCES) {
+                    return Err(Error::new(
+                        Status::PermissionDenied,
+                        format!(
+                            "open lock {}: {e}: {}; another user holds this store name (choose another name, e.g. with your own prefix; see SECURITY.md)",
+                            path.to_string_lossy(),
+                            describe_holder(&format!("{}.lock", shm_name(name)))
+                        ),
+                    ));
+                }
+                return Err(Error::new(Status::Io, format!("open lock {}: {e}", path.to_string_lossy())));
             }
             // SAFETY: fd is ours.
             let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
@@ -276,7 +330,7 @@ impl Segment {
                 Some(libc::EACCES) => Status::PermissionDenied,
                 _ => Status::Io,
             };
-            return Err(Error::new(st, format!("shm_open {sname}: {e}")));
+            return Err(Error::new(st, format!("shm_open {sname}: {e}: {}", describe_holder(&sname))));
         }
         let cleanup = |e: Error| -> Error {
             // SAFETY: fd is ours; the name is ours to remove since creation succeeded.

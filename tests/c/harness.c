@@ -533,6 +533,14 @@ static void test_server_closed(void) {
     CHECK_STATUS(kalos_recall(c, q, 4, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_SERVER_GONE);
     CHECK(now_s() - t0 < 1.0, "fast SERVER_GONE after a clean stop");
     kalos_close(c);
+    /* A second close is a no-op, and any call on a closed handle is KALOS_CLOSED, not a crash. */
+    kalos_close(c);
+    kalos_close(s);
+    CHECK_STATUS(kalos_recall(c, q, 4, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_CLOSED);
+    kalos_stats_info st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    CHECK_STATUS(kalos_stats(s, &st), KALOS_CLOSED);
 }
 
 /* ---- 6. role auto: the first opener becomes the server, the second attaches ---- */

@@ -613,13 +613,16 @@ pub struct DirStats {
     pub repair_refused: u64,
 }
 
-/// The directory `dir` holding the files of `input` (emptied first).
+/// The directory `dir` holding the files of `input` (emptied first). It is made 0700, as a data
+/// directory must be (any wider mode is refused as PERMISSION_DENIED before a file is read).
 fn lay_out(dir: &Path, input: &[u8]) -> Option<(usize, Metric)> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if input.len() < 3 {
         return None;
     }
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).unwrap();
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let (metric, dim) = (metric_of(input[0]), u16_at(input, 1));
     let mut o = 3;
     while o < input.len() {
@@ -648,10 +651,13 @@ fn open(dir: &Path, dim: usize, metric: Metric) -> kalos::Result<(Persist, kalos
 /// A data directory opened as a server opens it, and repaired as `kalosd repair` repairs it: no
 /// panic; a directory that opens opens again to the same table with no torn tail left; a
 /// directory refused as corrupt is either refused by repair or repaired, and a repaired
-/// directory opens.
+/// directory opens. The directory is ours, 0700, and holds regular files only: it is never
+/// refused as PERMISSION_DENIED (which would leave every case untested).
 pub fn check_dir(dir: &Path, input: &[u8], stats: &mut DirStats) {
     let Some((dim, metric)) = lay_out(dir, input) else { return };
-    let _ = kalos::persist::dir_shape(dir);
+    if let Err(e) = kalos::persist::dir_shape(dir) {
+        assert_ne!(e.status, Status::PermissionDenied, "dir_shape refused the laid-out directory: {e}");
+    }
     match open(dir, dim, metric) {
         Ok((p, _, store)) => {
             stats.opened += 1;
@@ -679,7 +685,10 @@ pub fn check_dir(dir: &Path, input: &[u8], stats: &mut DirStats) {
                 Err(_) => stats.repair_refused += 1,
             }
         }
-        Err(_) => stats.refused += 1,
+        Err(e) => {
+            assert_ne!(e.status, Status::PermissionDenied, "open refused the laid-out directory: {e}");
+            stats.refused += 1;
+        }
     }
 }
 

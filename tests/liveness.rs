@@ -1,0 +1,122 @@
+//! The server's liveness as clients see it. Every wait returns within its deadline plus
+//! scheduling noise, whatever the client's spin setting: a stopped (SIGSTOP) or killed server
+//! gives SERVER_GONE within the deadline, and a stopped server that is continued serves again
+//! (the withdrawn request left no slot behind). A second server for a taken name is refused
+//! with an error that names who holds it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kalos::*;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: plain signals to our own child; SIGCONT first so a stopped child can die.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGCONT);
+            libc::kill(self.0.id() as i32, libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(name: &str) -> Server {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kalosd"))
+        .args(["serve", "--name", name, "--dim", "8", "--metric", "ip", "--backend", "cpu", "--synthetic", "1000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("serving") || line.contains("count="), "{line}");
+    Server(c)
+}
+
+fn client(name: &str) -> Kalos {
+    // A 10 s spin: far longer than the 300 ms deadline.
+    let o = Options { role: Role::Client, client_spin_ns: 10_000_000_000, timeout_ms: 300, ..Options::default() };
+    Kalos::open(name, &o).unwrap()
+}
+
+const Q: [f32; 8] = [1.0, 0.5, 0.0, -0.5, 0.25, 0.0, 1.0, 0.0];
+
+#[test]
+fn a_stopped_server_is_server_gone_within_the_deadline_and_serves_again_when_continued() {
+    let name = format!("deadline-stop-{}", std::process::id());
+    let srv = serve(&name);
+    let k = client(&name);
+    assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(srv.0.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    let e = k.recall(&Q, 3, &RecallOptions::default()).unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(e.status, Status::ServerGone, "{e}");
+    assert!(e.message.contains("stopped"), "{}", e.message);
+    assert!(took < Duration::from_millis(1500), "waited {took:?} past a 300 ms deadline");
+    // The withdrawn request's slot is free and carries no owner ticks: a stale value would make
+    // the slot's next (live) owner look dead to the server's reaper.
+    let seg = kalos::shm::Segment::attach(&name).unwrap();
+    for i in 0..seg.slot_count() {
+        let slot = seg.slot(i);
+        let w = slot.state.load(std::sync::atomic::Ordering::Acquire);
+        if kalos::shm::state_of(w) == kalos::shm::SLOT_FREE {
+            assert_eq!(slot.client_start_ticks.load(std::sync::atomic::Ordering::Acquire), 0, "free slot {i} kept its owner's ticks");
+        }
+    }
+    drop(seg);
+    // SAFETY: as above.
+    unsafe { libc::kill(srv.0.id() as i32, libc::SIGCONT) };
+    std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..20 {
+        assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
+    }
+    drop(k);
+    drop(srv);
+}
+
+#[test]
+fn a_killed_server_is_server_gone_within_the_deadline() {
+    let name = format!("deadline-kill-{}", std::process::id());
+    let mut srv = serve(&name);
+    let k = client(&name);
+    assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
+    // SAFETY: stop it first so the kill lands while a request is pending.
+    unsafe { libc::kill(srv.0.id() as i32, libc::SIGSTOP) };
+    let t = Instant::now();
+    let killer = {
+        let pid = srv.0.id() as i32;
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(60));
+            // SAFETY: a plain signal to the test's child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        })
+    };
+    let e = k.recall(&Q, 3, &RecallOptions::default()).unwrap_err();
+    let took = t.elapsed();
+    killer.join().unwrap();
+    let _ = srv.0.wait();
+    assert_eq!(e.status, Status::ServerGone, "{e}");
+    assert!(took < Duration::from_millis(1500), "waited {took:?} past a 300 ms deadline");
+    let _ = std::fs::remove_file(format!("/dev/shm/kalos.{name}"));
+    let _ = std::fs::remove_file(format!("/dev/shm/kalos.{name}.lock"));
+}
+
+#[test]
+fn a_second_server_for_a_taken_name_is_told_who_holds_it() {
+    let name = format!("liveness-taken-{}", std::process::id());
+    let srv = serve(&name);
+    let o = Options { role: Role::Server, dim: 8, backend: Backend::Cpu, ..Options::default() };
+    let Err(e) = Kalos::open(&name, &o) else { panic!("a second server opened a taken name") };
+    assert_eq!(e.status, Status::AlreadyExists, "{e}");
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert!(e.message.contains(&format!("uid {uid}")), "{}", e.message);
+    assert!(e.message.contains(&format!("locked by pid {}", srv.0.id())), "{}", e.message);
+    drop(srv);
+}
