@@ -56,17 +56,20 @@ pub fn parse(all: &[u8]) -> std::result::Result<Npy, String> {
         return Err("Fortran-order arrays are not supported; save with np.ascontiguousarray".into());
     }
     let shape_s = field("shape")?;
-    let shape_s = &shape_s[shape_s.find('(').ok_or("bad shape")? + 1..shape_s.find(')').ok_or("bad shape")?];
+    let open = shape_s.find('(').ok_or("bad shape")? + 1;
+    let shape_s = &shape_s[open..open + shape_s[open..].find(')').ok_or("bad shape")?];
     let shape: Vec<usize> = shape_s
         .split(',')
         .map(|s| s.trim())
         .filter(|s| !s.is_empty())
         .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape entry {s:?}")))
         .collect::<std::result::Result<_, _>>()?;
-    let n: usize = shape.iter().product();
+    let overflow = || format!("shape {shape:?}: its size overflows");
+    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(overflow)?;
     let body = &all[hstart + hlen..];
     let need = |w: usize| -> std::result::Result<&[u8], String> {
-        body.get(..n * w).ok_or(format!("data holds {} bytes; shape {:?} of {w}-byte items needs {}", body.len(), shape, n * w))
+        let bytes = n.checked_mul(w).ok_or_else(overflow)?;
+        body.get(..bytes).ok_or(format!("data holds {} bytes; shape {:?} of {w}-byte items needs {bytes}", body.len(), shape))
     };
     let data = match descr {
         "<f4" => NpyData::F32(need(4)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
@@ -138,5 +141,32 @@ mod tests {
         assert_eq!(read(&d.join("b.npy")).unwrap().data, NpyData::U64(vec![7, 8]));
         assert!(parse(b"garbage").is_err());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A shape whose element count passes usize is refused (found by tests/fuzz.rs: the count
+    /// wrapped to 0, the empty array was accepted with its huge shape, and `kalosd import` then
+    /// collected `shape[0]` ids).
+    #[test]
+    fn a_shape_whose_element_count_overflows_is_refused() {
+        for shape in ["(9223372036854775808, 2)", "(4294967296, 4294967296)", "(2, 3, 3074457345618258603)"] {
+            let h = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}\n");
+            let mut b = b"\x93NUMPY\x01\x00".to_vec();
+            b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+            b.extend_from_slice(h.as_bytes());
+            b.extend_from_slice(&[0; 16]);
+            let e = parse(&b).unwrap_err();
+            assert!(e.contains("overflows"), "{shape}: {e}");
+        }
+    }
+
+    /// A ')' before the shape's '(' is a bad shape, not a panic (found by tests/fuzz.rs).
+    #[test]
+    fn a_shape_closed_before_it_opens_is_refused() {
+        let h = "{'descr': '<f4', 'fortran_order': False, 'shape': ) (1, 2, }\n";
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        b.extend_from_slice(h.as_bytes());
+        b.extend_from_slice(&[0; 8]);
+        assert_eq!(parse(&b).unwrap_err(), "bad shape");
     }
 }

@@ -35,9 +35,9 @@
 //!
 //! Code: `record` (file header, row encoding), `wal` (log records: encode, scan, apply),
 //! `snapshot` (write, load), `dir` (file names, the directory checks, every file operation,
-//! listing, maps, the lock), `recover`
-//! ([`Persist::open`]), `repair` ([`dir_shape`], [`repair()`]); this file holds the public types
-//! and the running [`Persist`]: append, group commit, compaction.
+//! listing, maps, the lock), `recover` ([`Persist::open`]), `repair` ([`dir_shape`],
+//! [`repair()`]), `fuzz` (the parsers on bytes in memory, for `tests/fuzz.rs`); this file holds
+//! the public types and the running [`Persist`]: append, group commit, compaction.
 
 use std::fs::File;
 use std::io::Write;
@@ -51,6 +51,8 @@ use crate::types::{Metric, SyncPolicy};
 
 mod crc;
 mod dir;
+#[doc(hidden)]
+pub mod fuzz;
 mod record;
 mod recover;
 mod repair;
@@ -158,7 +160,7 @@ impl Persist {
             ));
         }
         encode_record(&mut self.buf, self.next_seq, op);
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         Ok(())
     }
 

@@ -123,7 +123,7 @@ impl Persist {
                 apply_record(&path, st - REC_HEADER, &b[st..en], dim, store)?;
             }
             rec.records_replayed += s.records.len() as u64;
-            next_seq += s.records.len() as u64;
+            next_seq = next_seq.wrapping_add(s.records.len() as u64);
             rec.log_bytes += (s.end - HEADER_BYTES) as u64;
             wal_len = s.end as u64;
             if let Some((off, _)) = s.damage {

@@ -9,10 +9,11 @@ use super::snapshot::{load_snapshot, write_snapshot};
 use super::wal::{apply_record, record_at, scan_log};
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{now_unix_ms, Metric};
+use crate::types::{now_unix_ms, Metric, MAX_DIM};
 
-/// Reads `(dim, metric)` from the newest snapshot or log header in `dir` (`None` when there is
-/// no directory or no readable header). The directory is checked as [`Persist::open`] checks it.
+/// Reads `(dim, metric)` from the newest snapshot or log header in `dir` that is intact and names
+/// a dimension from 1 to `MAX_DIM` (`None` when there is no directory or no such header). The
+/// directory is checked as [`Persist::open`] checks it.
 ///
 /// [`Persist::open`]: super::Persist::open
 pub fn dir_shape(dir: &Path) -> Result<Option<(usize, Metric)>> {
@@ -36,15 +37,22 @@ fn shape_of(dir: &DataDir) -> Result<Option<(usize, Metric)>> {
             Ok(b) => b,
             Err(_) => continue,
         };
-        if let Ok(h) = FileHeader::decode(&dir.join(&n), &head, k) {
+        // A dimension no store can have is not trusted either (it sizes repair's buffers).
+        if let Some(h) = FileHeader::decode(&dir.join(&n), &head, k).ok().filter(|h| (1..=MAX_DIM).contains(&(h.dim as usize))) {
             return Ok(Some((h.dim as usize, Metric::from_u32(h.metric)?)));
         }
     }
     Ok(None)
 }
 
+/// The header of the file `name` in `dir` when it is intact (None when unreadable).
+fn intact_header(dir: &DataDir, name: &str, kind: Kind) -> Option<FileHeader> {
+    let b = dir.read(name, HEADER_BYTES as u64).ok()?;
+    FileHeader::decode(&dir.join(name), &b, kind).ok()
+}
+
 /// Counts the intact records (any sequence number) from `from` on, skipping damage.
-fn count_records(b: &[u8], from: usize) -> u64 {
+pub(super) fn count_records(b: &[u8], from: usize) -> u64 {
     let mut n = 0u64;
     let mut p = from;
     while p + REC_HEADER < b.len() {
@@ -91,11 +99,20 @@ pub fn repair(dir_path: &Path) -> Result<RepairReport> {
     let mut seq = Some(0u64);
     let mut damaged = false;
     if l.snaps.contains(&gen) {
-        let (h, rows, _, notes) = load_snapshot(&dir, &snap_name(gen), Some((dim as u32, metric as u32)), &mut store, true)?;
-        seq = if h.seq == u64::MAX { None } else { Some(h.seq) };
+        let p = dir.join(&snap_name(gen));
+        let (_, rows, _, notes) = load_snapshot(&dir, &snap_name(gen), Some((dim as u32, metric as u32)), &mut store, true)?;
+        // From the header itself: a damaged one is loaded with a stand-in whose fields (2^64 - 1)
+        // an intact header may hold too.
+        let intact = intact_header(&dir, &snap_name(gen), Kind::Snap);
+        seq = intact.map(|h| h.seq);
         rep.snapshot_rows = rows;
         damaged |= !notes.is_empty();
         rep.notes.extend(notes);
+        // An intact header naming another generation (recovery refuses it): its blocks are kept.
+        if let Some(hg) = intact.map(|h| h.generation).filter(|&hg| hg != gen) {
+            damaged = true;
+            rep.notes.push(format!("{}: header says generation {hg}, the name says {gen}; its rows are kept", p.display()));
+        }
     }
     // The log chain, in order, up to the first damage (a consistent point in time).
     let chain: Vec<u64> = l.wals.iter().copied().filter(|&g| g >= gen).collect();
@@ -117,7 +134,19 @@ pub fn repair(dir_path: &Path) -> Result<RepairReport> {
             continue;
         }
         let first = match FileHeader::decode(&wal_path, &b, Kind::Wal) {
-            Ok(h) if seq.is_none_or(|x| x == h.seq) => Some(h.seq),
+            Ok(h) if seq.is_none_or(|x| x == h.seq) => {
+                // An intact header naming another generation (recovery refuses it): its records
+                // continue the sequence, so they are applied.
+                if h.generation != g {
+                    damaged = true;
+                    rep.notes.push(format!(
+                        "{}: header says generation {}, the name says {g}; its records are applied",
+                        wal_path.display(),
+                        h.generation
+                    ));
+                }
+                Some(h.seq)
+            }
             Ok(h) => {
                 damaged = true;
                 rep.notes.push(format!(
@@ -147,7 +176,7 @@ pub fn repair(dir_path: &Path) -> Result<RepairReport> {
             apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
         }
         rep.records_replayed += s.records.len() as u64;
-        seq = Some(first + s.records.len() as u64);
+        seq = Some(first.wrapping_add(s.records.len() as u64));
         if let Some((off, later)) = s.damage {
             damaged = true;
             stopped = true;

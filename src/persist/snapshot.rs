@@ -2,6 +2,7 @@
 //! live store or from a copy of its columns, loaded at recovery and by repair).
 
 use std::io::{BufWriter, Write};
+use std::path::Path;
 
 use super::crc::{crc32c, crc32c_update};
 use super::dir::{io_err, snap_name, DataDir, OpenMode};
@@ -142,10 +143,21 @@ pub(super) fn write_snapshot<S: SnapSource>(dir: &DataDir, gen: u64, seq: u64, s
 fn write_snapshot_to<S: SnapSource>(dir: &DataDir, f: std::fs::File, tmp_name: &str, gen: u64, seq: u64, store: &S) -> Result<u64> {
     let tmp = dir.join(tmp_name);
     let mut w = BufWriter::with_capacity(1 << 20, f);
+    let total = encode_snapshot(&mut w, gen, seq, store).map_err(|e| io_err("write", &tmp, e))?;
+    let f = w.into_inner().map_err(|e| io_err("write", &tmp, e.into_error()))?;
+    f.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
+    drop(f);
+    dir.rename(tmp_name, dir, &snap_name(gen))?;
+    dir.fsync()?;
+    Ok(total)
+}
+
+/// Writes the snapshot bytes of `store` (generation `gen`, sequence numbers `< seq`) to `w`:
+/// the header, blocks of about `SNAP_BLOCK_BYTES`, the end block. Returns the bytes written.
+pub(super) fn encode_snapshot<S: SnapSource, W: Write>(w: &mut W, gen: u64, seq: u64, store: &S) -> std::io::Result<u64> {
     let hdr = FileHeader { kind: Kind::Snap, dim: store.dim() as u32, metric: store.metric() as u32, generation: gen, seq };
     let mut total = 0u64;
-    let werr = |e: std::io::Error| io_err("write", &tmp, e);
-    w.write_all(&hdr.encode()).map_err(werr)?;
+    w.write_all(&hdr.encode())?;
     total += HEADER_BYTES as u64;
     let dim = store.dim();
     let per_row = 8 * 4 + 4 + dim * 4;
@@ -184,17 +196,12 @@ fn write_snapshot_to<S: SnapSource>(dir: &DataDir, f: std::fs::File, tmp_name: &
         block[..4].copy_from_slice(&len.to_le_bytes());
         let crc = crc32c_update(crc32c(&len.to_le_bytes()), &block[REC_HEADER..]);
         block[4..8].copy_from_slice(&crc.to_le_bytes());
-        w.write_all(&block).map_err(werr)?;
+        w.write_all(&block)?;
         total += block.len() as u64;
         if items.is_empty() {
             break;
         }
     }
-    let f = w.into_inner().map_err(|e| io_err("write", &tmp, e.into_error()))?;
-    f.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
-    drop(f);
-    dir.rename(tmp_name, dir, &snap_name(gen))?;
-    dir.fsync()?;
     Ok(total)
 }
 
@@ -208,9 +215,18 @@ pub(super) fn load_snapshot(
     store: &mut Store,
     salvage: bool,
 ) -> Result<(FileHeader, u64, u64, Vec<String>)> {
-    let path = &dir.join(name);
     let (_f, m) = dir.map(name)?;
-    let b: &[u8] = m.as_deref().unwrap_or(&[]);
+    load_snapshot_bytes(&dir.join(name), m.as_deref().unwrap_or(&[]), hdr_expect, store, salvage)
+}
+
+/// [`load_snapshot`] on the bytes `b` of the snapshot file `path` (named in errors and notes).
+pub(super) fn load_snapshot_bytes(
+    path: &Path,
+    b: &[u8],
+    hdr_expect: Option<(u32, u32)>,
+    store: &mut Store,
+    salvage: bool,
+) -> Result<(FileHeader, u64, u64, Vec<String>)> {
     let mut notes = Vec::new();
     let hdr = match (FileHeader::decode(path, b, Kind::Snap), hdr_expect) {
         (Ok(h), _) => {
@@ -255,8 +271,10 @@ pub(super) fn load_snapshot(
                     if total != rows && !salvage {
                         return Err(corrupt(path, o, format!("end block says {total} rows; the blocks hold {rows}")));
                     }
-                    if total != rows {
+                    if total > rows {
                         notes.push(format!("{}: {} of {total} rows were in damaged blocks and are lost", path.display(), total - rows));
+                    } else if total < rows {
+                        notes.push(format!("{}: the end block says {total} rows; the blocks hold {rows}", path.display()));
                     }
                     if e != b.len() {
                         if !salvage {
