@@ -20,8 +20,9 @@
  * Threading: a handle may be used from many threads at once; each call is independent. Only
  *   kalos_close() must not race with other calls on the same handle.
  * Deadlines: every call that waits for the server has a deadline (options.timeout_ms, or the
- *   per-call timeout_ms in the params); it never blocks longer. A dead or stopped server gives
- *   KALOS_SERVER_GONE within the deadline.
+ *   per-call timeout_ms in the params); it never blocks longer. A dead server gives
+ *   KALOS_SERVER_GONE within the deadline; a stopped one (SIGSTOP, a debugger) gives
+ *   KALOS_TIMEOUT at the deadline, the request withdrawn, and serves again once continued.
  * Panics: a Rust panic inside the library becomes KALOS_PANIC; it never aborts the host.
  */
 

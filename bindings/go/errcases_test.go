@@ -116,13 +116,21 @@ func TestLibraryErrors(t *testing.T) {
 		wantErr(t, "client of a missing store", err, ErrNotFound)
 	})
 	t.Run("too large for a slot", func(t *testing.T) {
-		// One memory of 4 KB of vector and a 4 KB payload cannot fit an 8 KB slot.
+		// One memory of 4 KB of vector and a 4 KB payload cannot fit an 8 KB slot: such options
+		// are refused at open, naming the values.
+		_, err := Open("gotest-toolarge-"+c.Name(), Options{Role: RoleServer, Dim: 1024, SlotBytes: 8192, MaxPayloadBytes: 4096})
+		wantErr(t, "options whose largest memory cannot fit a slot", err, ErrInvalidArgument)
+		if err == nil || !strings.Contains(err.Error(), "max_payload_bytes = 4096") {
+			t.Fatalf("the error does not name the values: %v", err)
+		}
+		// With room for it, the same memory travels.
 		const bigDim = 1024
-		big := openServer(t, bigDim, Options{SlotBytes: 8192, MaxPayloadBytes: 4096})
+		big := openServer(t, bigDim, Options{SlotBytes: 16384, MaxPayloadBytes: 4096})
 		v := make([]float32, bigDim)
 		v[0] = 1
-		err := big.Upsert(bg(), []uint64{1}, v, WithPayloads([][]byte{make([]byte, 4096)}))
-		wantErr(t, "memory larger than a slot", err, ErrTooLarge)
+		if err := big.Upsert(bg(), []uint64{1}, v, WithPayloads([][]byte{make([]byte, 4096)})); err != nil {
+			t.Fatal(err)
+		}
 	})
 	t.Run("name", func(t *testing.T) {
 		for _, name := range []string{"", "bad/name", "white space", strings.Repeat("a", 201), "nul\x00inside"} {

@@ -59,9 +59,6 @@ impl Kalos {
         if !shm::process_alive(pid, h.server_start_ticks.load(Ordering::Relaxed)) {
             return Some(format!("the server process {pid} of {:?} is gone", self.name));
         }
-        if shm::process_stopped(pid) {
-            return Some(format!("the server process {pid} of {:?} is stopped (SIGSTOP or a debugger)", self.name));
-        }
         let hb = h.heartbeat_ms.load(Ordering::Relaxed);
         let now = shm::monotonic_ms();
         if now > hb + self.heartbeat_timeout_ms {
