@@ -287,6 +287,18 @@ fn read_u64s(path: &str, n: usize, what: &str) -> Result<Vec<u64>> {
     }
 }
 
+/// The (n, dim) float vectors of an .npy file (f32, or f16 widened), and n.
+pub(super) fn read_vectors(vp: &str, dim: usize) -> Result<(Vec<f32>, usize)> {
+    let v = npy::read(&PathBuf::from(vp))?;
+    let NpyData::F32(vals) = v.data else {
+        return Err(Error::new(Status::InvalidArgument, format!("{vp}: vectors must be float32 or float16")));
+    };
+    if v.shape.len() != 2 || v.shape[1] != dim {
+        return Err(Error::new(Status::DimensionMismatch, format!("{vp}: shape {:?} is not (n, {dim})", v.shape)));
+    }
+    Ok((vals, v.shape[0]))
+}
+
 pub(super) fn import(a: &Args) {
     let dim: usize = a.num("--dim", 0);
     if dim == 0 {
@@ -295,14 +307,7 @@ pub(super) fn import(a: &Args) {
     let vp = a.get("--vectors").unwrap_or_else(|| usage("import needs --vectors FILE.npy"));
     let t0 = std::time::Instant::now();
     let run = || -> Result<String> {
-        let v = npy::read(&PathBuf::from(vp))?;
-        let NpyData::F32(vals) = v.data else {
-            return Err(Error::new(Status::InvalidArgument, format!("{vp}: vectors must be float32 or float16")));
-        };
-        if v.shape.len() != 2 || v.shape[1] != dim {
-            return Err(Error::new(Status::DimensionMismatch, format!("{vp}: shape {:?} is not (n, {dim})", v.shape)));
-        }
-        let n = v.shape[0];
+        let (vals, n) = read_vectors(vp, dim)?;
         types::check_finite(&vals, vp)?;
         let ids: Vec<u64> = match a.get("--ids") {
             None => (0..n as u64).collect(),

@@ -166,14 +166,7 @@ fn load(k: &Kalos, a: &Args, dim: usize) -> Result<usize> {
         return synthetic(k, n, dim, seed);
     }
     let Some(vp) = a.get("--load") else { return Ok(0) };
-    let v = npy::read(&PathBuf::from(vp))?;
-    let NpyData::F32(vals) = v.data else {
-        return Err(Error::new(Status::InvalidArgument, format!("{vp}: vectors must be float32 or float16")));
-    };
-    if v.shape.len() != 2 || v.shape[1] != dim {
-        return Err(Error::new(Status::DimensionMismatch, format!("{vp}: shape {:?} is not (n, {dim})", v.shape)));
-    }
-    let n = v.shape[0];
+    let (vals, n) = data::read_vectors(vp, dim)?;
     let ids: Vec<u64> = match a.get("--ids") {
         None => (0..n as u64).collect(),
         Some(p) => match npy::read(&PathBuf::from(p))?.data {
