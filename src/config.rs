@@ -98,6 +98,7 @@ pub struct Tuning {
     pub cuda_report: bool,
     pub prof: bool,
     pub cuda_fault_after: Option<u64>,
+    pub gather_us: Option<u64>,
 }
 
 impl Tuning {
@@ -164,6 +165,7 @@ impl Tuning {
             cuda_report: flag(&var, "KALOS_CUDA_REPORT", false)?,
             prof: flag(&var, "KALOS_PROF", false)?,
             cuda_fault_after: num(&var, "KALOS_CUDA_FAULT_AFTER")?,
+            gather_us: num(&var, "KALOS_GATHER_US")?,
         })
     }
 }
@@ -220,6 +222,7 @@ mod tests {
             ("KALOS_CUDA_REPORT", "1"),
             ("KALOS_PROF", "1"),
             ("KALOS_CUDA_FAULT_AFTER", "5"),
+            ("KALOS_GATHER_US", "0"),
         ])
         .unwrap();
         assert_eq!(
@@ -240,6 +243,7 @@ mod tests {
                 cuda_report: true,
                 prof: true,
                 cuda_fault_after: Some(5),
+                gather_us: Some(0),
             }
         );
     }
@@ -262,6 +266,7 @@ mod tests {
             ("KALOS_DATA_DIR_MODE", "0758"),
             ("KALOS_DATA_DIR_MODE", "+750"),
             ("KALOS_DATA_DIR_MODE", "rwxr-x---"),
+            ("KALOS_GATHER_US", "soon"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();
             assert_eq!(e.status, Status::InvalidArgument);

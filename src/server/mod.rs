@@ -11,6 +11,7 @@
 //!
 //! - this file: [`start`], [`ServerHandle`], option checks, the server's state.
 //! - `serve`: the loop: collecting a batch, running it, parking, housekeeping.
+//! - `gather`: how long to wait for more concurrent requests before running a batch.
 //! - `write`: upsert, delete, clear and the batch's group commit.
 //! - `recall`: parsing recalls, grouping them into engine calls, their responses.
 //! - `get`, `stats`: the other reads; `stats` also keeps the counters.
@@ -19,6 +20,7 @@
 //! Requests and responses are encoded and decoded by [`crate::wire`]; the engine is chosen, and
 //! replaced when the CUDA engine fails, by [`crate::engine::router`].
 
+mod gather;
 mod get;
 mod publish;
 mod recall;
@@ -245,6 +247,8 @@ pub(crate) struct Server {
     metrics: Metrics,
     /// Replaces a failing CUDA engine with the CPU engine, and says why in stats.
     router: Router,
+    /// The gathering window for concurrent requests.
+    gather: gather::Gather,
 }
 
 impl Server {
@@ -283,6 +287,7 @@ impl Server {
             woke_client: std::cell::Cell::new(false),
             metrics: Metrics::new(),
             router,
+            gather: gather::Gather::new(crate::config::tuning_or_default().gather_us.unwrap_or(gather::DEFAULT_GATHER_US)),
         }
     }
 

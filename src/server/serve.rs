@@ -67,7 +67,8 @@ impl Server {
             if stop.load(Ordering::Acquire) {
                 return;
             }
-            if self.collect() > 0 {
+            if self.collect(true) > 0 {
+                self.gather_more();
                 self.process_batch();
                 last_work = Instant::now();
                 h.heartbeat_ms.store(shm::monotonic_ms(), Ordering::Relaxed);
@@ -119,10 +120,28 @@ impl Server {
         (0..self.seg.slot_count()).any(|i| shm::state_of(self.seg.slot(i).state.load(Ordering::SeqCst)) == shm::SLOT_SUBMITTED)
     }
 
-    /// Takes every submitted slot; returns how many.
-    fn collect(&mut self) -> usize {
+    /// While fewer requests are in hand than the recently active clients may have in flight,
+    /// keeps collecting for the gathering window (gather.rs).
+    fn gather_more(&mut self) {
+        let t0 = Instant::now();
+        let window = self.gather.window(self.batch.len(), t0);
+        if window.is_zero() {
+            return;
+        }
+        let want = self.gather.expected(t0);
+        while self.batch.len() < want && t0.elapsed() < window {
+            std::hint::spin_loop();
+            self.collect(false);
+        }
+    }
+
+    /// Takes every submitted slot into the batch (`fresh`: a new batch, else more for the batch
+    /// in hand); returns how many the batch holds.
+    fn collect(&mut self, fresh: bool) -> usize {
         let seg = self.seg.clone();
-        self.mirror_used = false;
+        if fresh {
+            self.mirror_used = false;
+        }
         // Large recalls leave their queries in the client's slot when the engine takes them
         // (cosine ones are then normalised by whoever reads them: SlotQueries::cosine_dim).
         let slot_queries = self.engine.takes_slot_queries();
@@ -166,6 +185,7 @@ impl Server {
     fn process_batch(&mut self) {
         let t0 = Instant::now();
         let batch = std::mem::take(&mut self.batch);
+        self.gather.note_batch(batch.iter().map(|p| shm::pid_of(p.word)), t0);
         self.metrics.batches += 1;
         let mut results: Vec<Option<Reply>> = vec![None; batch.len()];
         // 1. Writes, in slot order; one log commit for all of them.
@@ -183,7 +203,9 @@ impl Server {
             }
         }
         // 3. Publish.
-        self.publish_batch(batch, results, t0.elapsed().as_nanos() as u64);
+        let took = t0.elapsed();
+        self.gather.note_pass(took);
+        self.publish_batch(batch, results, took.as_nanos() as u64);
     }
 
     fn housekeeping(&mut self) {

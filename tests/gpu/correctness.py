@@ -343,6 +343,59 @@ def suite_lowp(dtype, n=200_000, dim=768, nq=100):
     return out
 
 
+def as_stored(X, dtype):
+    """X rounded to the storage type (so the float64 reference scores exactly what is stored)."""
+    if dtype == F16:
+        return X.astype(np.float16).astype(np.float32)
+    if dtype == BF16:
+        u = X.astype(np.float32).view(np.uint32).astype(np.uint64)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.astype(np.uint32).view(np.float32)
+    return X
+
+
+def suite_multi(dtype, metric, n=150_000, dim=768):
+    """Batches of 2..32 queries on f16 / bf16 storage: the multi-query pass (one scan for all the
+    queries, tensor-core scoring, per-query candidates), against the float64 reference of the
+    stored values: every k it takes (up to 128) and one past it, a namespace filter, exact
+    duplicate rows (ties by the lower id), a dimension that is not a multiple of 32, deletes."""
+    tag = "multi/%s/%s/n=%d/d=%d" % (["f32", "f16", "bf16"][dtype], ["ip", "cos", "l2"][metric], n, dim)
+    st = open_store(dim, metric, dtype=dtype)
+    ref = Ref(dim, metric)
+    X = as_stored(rng.standard_normal((n, dim)).astype(np.float32), dtype)
+    X[n - 300:] = X[:300]  # duplicates: equal scores, ranked by the lower id
+    ids = rng.permutation(np.arange(1, 4 * n, dtype=np.uint64))[:n]
+    ns = rng.integers(0, 5, n).astype(np.uint64)
+    load_rows(st, ref, ids, X, ns)
+    # The query is split into two parts of the storage type: scores carry about 22 (f16) or 16
+    # (bf16) bits of the query, not f32's 24.
+    slack = {F16: 2.0, BF16: 8.0}[dtype]
+    lowp_tol = {F16: 2e-3, BF16: 1.6e-2}[dtype]
+    xm = float(np.sqrt((ref.X.astype(np.float64) ** 2).sum(1).max()))
+    for step in range(2):
+        for nq in (2, 8, 9, 17, 32):
+            Q = rng.standard_normal((nq, dim)).astype(np.float32)
+            Q[0] = ref.X[rng.integers(0, len(ref.X))]  # a stored row (its duplicates tie)
+            S = [ref.scores(q) for q in Q]
+            for k in (1, 10, 128, 129):
+                res = st.recall_batch(Q, k)
+                for i in range(nq):
+                    # k = 129 is past the pass: the batch path answers, at the lowp suite's bars.
+                    tol = slack * ref.tol(Q[i]) if k <= 128 else lowp_tol * xm * float(np.linalg.norm(Q[i]))
+                    check("%s/step=%d/nq=%d/k=%d/q=%d" % (tag, step, nq, k, i), ref, Q[i], res[i], k, s=S[i], tol=tol)
+            res = st.recall_batch(Q, 10, namespaces=[1, 3])
+            mask = np.isin(ref.ns, [1, 3])
+            for i in range(nq):
+                check("%s/step=%d/nq=%d/ns/q=%d" % (tag, step, nq, i), ref, Q[i], res[i], 10, mask=mask, s=S[i],
+                      tol=slack * ref.tol(Q[i]))
+        gone = ref.ids[rng.choice(len(ref.ids), 5000, replace=False)]
+        st.delete(gone)
+        ref.delete(gone)
+    sts = st.stats()
+    record(tag + "/on-gpu", BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0), engine=sts.engine_name.decode())
+    st.close()
+
+
 def suite_score16(n=100_000, dim=256, nq=64):
     """f16 score tiles (the default for f16 storage with ip/cosine, no recency, k <= 256): the
     batch must give the answers of f32 tiles, i.e. the float64 ranking of the stored table (the
@@ -690,6 +743,8 @@ def main():
         ("ties", lambda: [suite_ties(), suite_ties(n=3000, dim=16, dups=1500), suite_ties(n=100_000, dtype=F16)]),
         ("lifecycle", suite_expiry_recency),
         ("lowp", lambda: [suite_lowp(F16), suite_lowp(BF16), suite_lowp(F32, n=100_000)]),
+        ("multi", lambda: [suite_multi(F16, IP), suite_multi(BF16, L2, dim=100), suite_multi(F16, L2, n=40_000, dim=100),
+                           suite_multi(BF16, IP, n=40_000, dim=1536)]),
         ("score16", suite_score16),
         ("cruise", suite_cruise),
         ("gated", suite_gated),

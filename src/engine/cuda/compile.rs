@@ -31,8 +31,10 @@ pub const SCAN: Module = Module { name: "scan", src: include_str!("../../../kern
 pub const BATCH: Module = Module { name: "batch", src: include_str!("../../../kernels/batch.cu"), by_geometry: false, profiled: false };
 /// Table updates and batch query preparation.
 pub const TABLE: Module = Module { name: "table", src: include_str!("../../../kernels/table.cu"), by_geometry: false, profiled: false };
+/// Several queries in one pass over the table (f16 and bf16 storage; empty for f32).
+pub const MULTI: Module = Module { name: "multi", src: include_str!("../../../kernels/multi.cu"), by_geometry: false, profiled: false };
 /// Every kernel module the engine loads.
-pub const MODULES: [Module; 3] = [SCAN, BATCH, TABLE];
+pub const MODULES: [Module; 4] = [SCAN, BATCH, TABLE, MULTI];
 
 /// Threads per block of every kernel.
 pub(crate) const NT: u32 = 256;
@@ -57,6 +59,17 @@ pub(crate) const NS_INLINE: usize = 4;
 /// FU=2 with two steps in flight and 5 blocks per SM beat FU=4 and FU=8 on the H200
 /// (steady-state filter 1.33 ms against 1.58 and 2.52 for 1024 x 1M f16).
 pub(crate) const FILTER_FU: usize = 2;
+/// Candidates each query of a multi-query pass keeps in shared memory per block
+/// (kernels/multi.cu; at most NT: they are ranked directly).
+pub(crate) const MQ_CAP: usize = 256;
+/// Rows a multi-query block scores per round: 16 per warp.
+pub(crate) const MQ_ROUND: usize = NT as usize / 32 * 16;
+/// Largest k of a multi-query pass: a round's candidates never overflow a compacted buffer.
+pub(crate) const MQ_KMAX: usize = MQ_CAP - MQ_ROUND;
+/// Queries of the widest multi-query pass (`scan_multi4`: 4 MMA tiles of 8).
+pub(crate) const MQ_MAXQ: usize = 32;
+/// Bytes of one query's output of a multi-query pass: count, pad, ids, scores, padding.
+pub(crate) const MQ_OUT_STRIDE: usize = 8 + 12 * MQ_KMAX + 16;
 /// Largest by-value kernel argument (Params + query): the classic 4 KiB parameter space.
 pub(crate) const MAX_ARG_BYTES: usize = 4096;
 /// Largest dimension the GPU engine takes (the query must fit in shared memory).
@@ -136,7 +149,7 @@ impl KernelSpec {
         let g = Geometry::of(self.dim, self.dtype);
         // The kernels tell only l2 apart: cosine rows are stored normalised and scored as ip.
         let metric = if self.metric == Metric::L2 { 2 } else { 0 };
-        let defines: [(&str, u64); 22] = [
+        let defines: [(&str, u64); 26] = [
             ("NT", NT as u64),
             ("CHUNK", CHUNK as u64),
             ("KMAX", KMAX as u64),
@@ -149,6 +162,10 @@ impl KernelSpec {
             ("FLAG_RECENCY", FLAG_RECENCY as u64),
             ("NS_INLINE", NS_INLINE as u64),
             ("FU", FILTER_FU as u64),
+            ("MQ_CAP", MQ_CAP as u64),
+            ("MQ_KMAX", MQ_KMAX as u64),
+            ("MQ_MAXQ", MQ_MAXQ as u64),
+            ("MQ_OUT_STRIDE", MQ_OUT_STRIDE as u64),
             ("DIM", self.dim as u64),
             ("DTYPE", self.dtype as u64),
             ("METRIC", metric),

@@ -8,7 +8,8 @@ use cudarc::driver::{CudaContext, CudaModule};
 
 use super::batch::filter_smem;
 use super::ck;
-use super::compile::{self, KernelSpec, BATCH, KMAX, MODULES, SCAN, SMEM_MAIN, TABLE};
+use super::compile::{self, KernelSpec, BATCH, KMAX, MODULES, MULTI, SCAN, SMEM_MAIN, TABLE};
+use super::multi::MultiKernels;
 use crate::error::{Error, Result, Status};
 
 /// Kernel functions of the loaded modules (kernels/scan.cu, batch.cu, table.cu).
@@ -28,6 +29,8 @@ pub(super) struct Kernels {
     pub(super) scatter_rows: sys::CUfunction,
     pub(super) convert_queries: sys::CUfunction,
     pub(super) check_queries: sys::CUfunction,
+    /// The multi-query pass (kernels/multi.cu; f16 and bf16 storage only).
+    pub(super) multi: Option<MultiKernels>,
 }
 
 impl Kernels {
@@ -80,6 +83,14 @@ impl Kernels {
             scatter_rows: getf(TABLE, "scatter_rows")?,
             convert_queries: getf(TABLE, "convert_queries")?,
             check_queries: getf(TABLE, "check_queries")?,
+            multi: if spec.dtype == crate::types::Dtype::F32 {
+                None
+            } else {
+                Some(MultiKernels {
+                    scan: [getf(MULTI, "scan_multi1")?, getf(MULTI, "scan_multi2")?, getf(MULTI, "scan_multi4")?],
+                    merge: getf(MULTI, "multi_merge")?,
+                })
+            },
         };
         let smem_scan = SMEM_MAIN + dp * 4;
         let smem_filter = filter_smem(KMAX, fstep);

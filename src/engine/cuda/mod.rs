@@ -43,6 +43,7 @@ pub mod device;
 mod gate;
 mod kernels;
 mod lt;
+mod multi;
 mod report;
 mod single;
 mod table;
@@ -53,6 +54,7 @@ pub(crate) use compile::MAX_GPU_DIM;
 use compile::{KernelSpec, FILTER_FU, FLAG_EXPIRY, FLAG_RECENCY, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF};
 use gate::Gate;
 use kernels::Kernels;
+use multi::Multi;
 use report::Stats;
 use single::{Single, SqMode, BYVAL_MAX_BYTES};
 use table::DevTable;
@@ -384,6 +386,8 @@ pub struct CudaEngine {
     batch: Batch,
     /// Gated batch tiles.
     gate: Gate,
+    /// Multi-query passes (small batches of f16 / bf16 storage).
+    multi: Multi,
     /// Counters and timings for the reports printed on drop.
     stats: Stats,
     hybrid: Hybrid,
@@ -431,7 +435,7 @@ impl CudaEngine {
         let geo = compile::Geometry::of(dim, dtype);
         let dp = geo.dp;
         let fstep = NT as usize * FILTER_FU * 4;
-        let (modules, kern) = Kernels::load(&ctx, &spec, geo.byval, dp, fstep)?;
+        let (modules, mut kern) = Kernels::load(&ctx, &spec, geo.byval, dp, fstep)?;
         // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
         // round trip was 1.3-2.9 us shorter on the H200 (three runs); at 128 dims they tie.
         let sq_mode = if kern.scan_topk_v.is_none() || PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
@@ -466,6 +470,7 @@ impl CudaEngine {
         let stage_rows = ((16usize << 20) / (dim * 4 + 48)).max(1);
         let stage_bytes = stage_rows * (dim * 4 + 48) + 1024;
         let cpu = CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns);
+        let multi = Multi::new(kern.multi.take());
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
             _modules: modules.clone(),
@@ -496,6 +501,7 @@ impl CudaEngine {
                 sm_target: 0,
             },
             gate: Gate { lt: None, off: None, active: false },
+            multi,
             sq: Single {
                 mode: sq_mode,
                 h_in: HostBuf::new(PARAMS_BYTES + dp * 4)?,
@@ -551,6 +557,7 @@ impl CudaEngine {
             staging: (0, 0),
         };
         e.sq.d_out = e.sq.h_out.device_ptr()?;
+        e.init_multi()?;
         // SAFETY: d_ticket holds 16 bytes; the engine's own stream.
         ck("memset ticket", unsafe { sys::cuMemsetD8Async(e.sq.d_ticket.ptr, 0, 16, e.stream) })?;
         let max_rows = e.table.limit_bytes / e.row_bytes();
@@ -744,6 +751,10 @@ impl Engine for CudaEngine {
                 out.clear();
                 out.push(h);
                 Ok(())
+            } else if e.takes_multi(req) {
+                let mut host = Vec::new();
+                let req = super::with_host_queries(req, &mut host)?;
+                e.search_multi(store, &req, out)
             } else {
                 e.search_batch(store, req, out)
             }

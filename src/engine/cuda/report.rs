@@ -49,6 +49,15 @@ impl CudaEngine {
                 s.direct_writes
             );
         }
+        if self.multi.passes > 0 && crate::config::tuning_or_default().cuda_report {
+            eprintln!(
+                "kalos cuda engine ({}): {} multi-query passes answered {} queries (blocks per SM of the 8/16/32-query variants: {:?})",
+                self.describe(),
+                self.multi.passes,
+                self.multi.queries,
+                self.multi.per_sm
+            );
+        }
         if !s.batch_times.is_empty() && crate::config::tuning_or_default().cuda_report {
             // Per batch size: a benchmark's 1024-query batches and its small recall checks apart.
             let mut sizes: Vec<usize> = s.batch_times.iter().map(|&(nq, _)| nq).collect();
