@@ -52,27 +52,38 @@ class Ref:
         self.X = np.zeros((0, dim), np.float32)
         self.ns = np.zeros(0, np.uint64)
         self.created = np.zeros(0, np.float64)
+        self._xd = None  # X as float64 and its largest row norm, computed once per table state
+        self._xm = None
+
+    def _changed(self):
+        self._xd = self._xm = None
+
+    def xd(self):
+        if self._xd is None:
+            self._xd = self.X.astype(np.float64)
+        return self._xd
+
+    def xmax(self):
+        if self._xm is None:
+            self._xm = float(np.sqrt((self.xd() ** 2).sum(1).max())) if len(self.X) else 1.0
+        return self._xm
 
     def upsert(self, ids, X, ns=None, t=0.0):
         ns = np.zeros(len(ids), np.uint64) if ns is None else np.asarray(ns, np.uint64)
-        pos = {int(i): j for j, i in enumerate(self.ids)}
-        keep = np.ones(len(self.ids), bool)
-        for i in ids:
-            j = pos.get(int(i))
-            if j is not None:
-                keep[j] = False
+        keep = ~np.isin(self.ids, np.asarray(ids, np.uint64))
         self.ids = np.concatenate([self.ids[keep], np.asarray(ids, np.uint64)])
         self.X = np.concatenate([self.X[keep], X.astype(np.float32)])
         self.ns = np.concatenate([self.ns[keep], ns])
         self.created = np.concatenate([self.created[keep], np.full(len(ids), t)])
+        self._changed()
 
     def delete(self, ids):
         keep = ~np.isin(self.ids, np.asarray(ids, np.uint64))
         self.ids, self.X, self.ns, self.created = self.ids[keep], self.X[keep], self.ns[keep], self.created[keep]
+        self._changed()
 
     def scores(self, q, X=None):
-        X = self.X if X is None else X
-        Xd = X.astype(np.float64)
+        Xd = self.xd() if X is None else X.astype(np.float64)
         qd = q.astype(np.float64)
         if self.metric == IP:
             return Xd @ qd
@@ -81,7 +92,7 @@ class Ref:
         return ((Xd - qd) ** 2).sum(1)
 
     def tol(self, q):
-        xm = float(np.sqrt((self.X.astype(np.float64) ** 2).sum(1).max())) if len(self.X) else 1.0
+        xm = self.xmax()
         qm = float(np.linalg.norm(q))
         d = self.dim
         if self.metric == IP:
@@ -371,7 +382,7 @@ def suite_multi(dtype, metric, n=150_000, dim=768):
     # (bf16) bits of the query, not f32's 24.
     slack = {F16: 2.0, BF16: 8.0}[dtype]
     lowp_tol = {F16: 2e-3, BF16: 1.6e-2}[dtype]
-    xm = float(np.sqrt((ref.X.astype(np.float64) ** 2).sum(1).max()))
+    xm = ref.xmax()
     for step in range(2):
         for nq in (2, 8, 9, 17, 32):
             Q = rng.standard_normal((nq, dim)).astype(np.float32)
