@@ -28,7 +28,9 @@
 static_assert(MQ_CAP <= NT && MQ_KMAX + MQ_ROUND <= MQ_CAP, "a round must never overflow a compacted buffer");
 static_assert(MQ_OUT_STRIDE >= 8 + 12 * MQ_KMAX && MQ_OUT_STRIDE % 8 == 0, "multi-query output layout");
 #define MQ_DPM ((DP + 31) / 32 * 32)  // query elements, padded to the 32 of one lane group step
-#define MQ_QS (MQ_DPM + 8)            // shared-memory stride of one query: +16 bytes, no bank conflicts
+// Shared-memory stride of one query, 64 bytes past a multiple of 128: the 16-byte loads of a
+// quarter warp (lanes (g, c) and (g + 1, c), c = 0..3) then fall on 8 distinct bank groups.
+#define MQ_QS (MQ_DPM % 64 == 0 ? MQ_DPM + 32 : MQ_DPM)
 #define MQ_NJ (MQ_DPM / 32)           // steps of 32 elements per row
 #define MQ_JB 4                       // steps loaded ahead (16-byte loads per lane per row)
 

@@ -99,6 +99,8 @@ pub struct Tuning {
     pub prof: bool,
     pub cuda_fault_after: Option<u64>,
     pub gather_us: Option<u64>,
+    /// The most queries a multi-query pass takes (`KALOS_MULTI_MAXQ`, 0 to 32; 0 = never).
+    pub multi_maxq: Option<usize>,
 }
 
 impl Tuning {
@@ -149,6 +151,10 @@ impl Tuning {
         if let Some(n) = copy_threads.filter(|n| !(1..=16).contains(n)) {
             return Err(bad("KALOS_COPY_THREADS", &n.to_string(), "1 to 16"));
         }
+        let multi_maxq: Option<usize> = num(&var, "KALOS_MULTI_MAXQ")?;
+        if let Some(n) = multi_maxq.filter(|n| *n > 32) {
+            return Err(bad("KALOS_MULTI_MAXQ", &n.to_string(), "0 to 32"));
+        }
         Ok(Tuning {
             backend,
             cpu_threads,
@@ -166,6 +172,7 @@ impl Tuning {
             prof: flag(&var, "KALOS_PROF", false)?,
             cuda_fault_after: num(&var, "KALOS_CUDA_FAULT_AFTER")?,
             gather_us: num(&var, "KALOS_GATHER_US")?,
+            multi_maxq,
         })
     }
 }
@@ -223,6 +230,7 @@ mod tests {
             ("KALOS_PROF", "1"),
             ("KALOS_CUDA_FAULT_AFTER", "5"),
             ("KALOS_GATHER_US", "0"),
+            ("KALOS_MULTI_MAXQ", "8"),
         ])
         .unwrap();
         assert_eq!(
@@ -244,6 +252,7 @@ mod tests {
                 prof: true,
                 cuda_fault_after: Some(5),
                 gather_us: Some(0),
+                multi_maxq: Some(8),
             }
         );
     }
@@ -267,6 +276,7 @@ mod tests {
             ("KALOS_DATA_DIR_MODE", "+750"),
             ("KALOS_DATA_DIR_MODE", "rwxr-x---"),
             ("KALOS_GATHER_US", "soon"),
+            ("KALOS_MULTI_MAXQ", "33"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();
             assert_eq!(e.status, Status::InvalidArgument);

@@ -63,8 +63,7 @@ def main():
         engine = sts.engine_name.decode()
         st.close()
     finally:
-        srv.stdin.close()
-        try:
+        try:  # communicate() closes the server's stdin, which stops it
             out, err = srv.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             srv.kill()

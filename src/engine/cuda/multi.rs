@@ -18,12 +18,16 @@ use crate::wire::SearchRequest;
 
 /// Fewest queries the multi-query pass takes (one query takes the single-query path).
 pub(super) const MQ_MIN: usize = 2;
+/// Default of `KALOS_MULTI_MAXQ`: larger batches go to the batch path (tensor-core GEMM), which
+/// answers 17 to 32 queries sooner than `scan_multi4` on the H200 (docs/BENCHMARKS.md).
+pub(super) const DEFAULT_MULTI_MAXQ: usize = 16;
 
 /// Dynamic shared memory of `scan_multi` for `qn` queries and padded rows of `dp` elements
 /// (mirrors kernels/multi.cu): both query parts, the candidates, the compaction output, then
 /// four words per query.
 pub(super) fn scan_smem(qn: usize, dp: usize) -> usize {
-    let qs = dp.div_ceil(32) * 32 + 8;
+    let dpm = dp.div_ceil(32) * 32;
+    let qs = if dpm.is_multiple_of(64) { dpm + 32 } else { dpm };
     2 * qn * qs * 2 + qn * MQ_CAP * 8 + MQ_KMAX * 8 + qn * 16
 }
 
@@ -56,6 +60,8 @@ pub(super) struct Multi {
     /// Passes run (for the engine's report).
     pub(super) passes: u64,
     pub(super) queries: u64,
+    /// The most queries one pass takes (`KALOS_MULTI_MAXQ`, at most MQ_MAXQ).
+    pub(super) max_q: usize,
 }
 
 impl Multi {
@@ -72,6 +78,7 @@ impl Multi {
             d_out: 0,
             passes: 0,
             queries: 0,
+            max_q: crate::config::tuning_or_default().multi_maxq.unwrap_or(DEFAULT_MULTI_MAXQ).min(MQ_MAXQ),
         }
     }
 }
@@ -134,7 +141,7 @@ impl CudaEngine {
         self.multi.kern.is_some()
             && matches!(self.dtype, Dtype::F16 | Dtype::Bf16)
             && req.nq >= MQ_MIN
-            && req.nq <= MQ_MAXQ
+            && req.nq <= self.multi.max_q
             && req.k <= MQ_KMAX
             && self.multi.per_sm[variant(req.nq)] > 0
     }
