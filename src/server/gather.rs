@@ -1,6 +1,7 @@
 //! The gathering window: when fewer requests are in hand than clients were recently active, the
 //! server waits a little for the others, so that concurrent single requests share one pass over
-//! the table (the CUDA engine's multi-query pass costs about one scan for up to 32 queries).
+//! the table (the CUDA engine's multi-query pass reads the table once for up to
+//! `KALOS_MULTI_MAXQ` queries, the batch path once per tile for more).
 //!
 //! A client is a process id seen in a slot's state word, with a width: the most requests it had
 //! in one batch (threads of one process share a pid). A lone client never waits for company: it
