@@ -65,7 +65,7 @@ native="$WORK/java-native/io/kalos/native/$PLATFORM"
 install -d "$native"
 install -m 0755 "$TARGET/release/libkalos.so" "$native/libkalos.so"
 # A build directory of its own, so the tests' target/classes never hold a bundled library.
-mvn -q -B -f bindings/java/pom.xml -DskipTests -Dkalos.native.dir="$WORK/java-native" \
+mvn -q -B -f bindings/java/pom.xml -Dmaven.test.skip=true -Dkalos.native.dir="$WORK/java-native" \
   -Dkalos.build.dir="$WORK/java-build" package
 cp "$WORK/java-build/kalos-$VERSION.jar" "$DIST/"
 
