@@ -68,6 +68,8 @@ printf 'module example.com/kalosconsumer\n\ngo 1.24\n' > "$OUT/goapp/go.mod"
     GOMODCACHE="$OUT/gomodcache" CGO_ENABLED=1
   go get "github.com/kalos-dev/kalos/bindings/go@v$VERSION"
   go build -o go-consumer .
+  readelf -d go-consumer | grep -q "Shared library: \[$SOVER\]" || { echo "go-consumer does not need $SOVER" >&2; exit 1; }
+  readelf -d go-consumer | grep -q "runpath: \[$PREFIX/" || { echo "go-consumer has no runpath into $PREFIX" >&2; exit 1; }
   ./go-consumer "$STORE-go" "$VERSION"
 )
 ok "Go program (go get v$VERSION from the proxy tree, pkg-config) runs against the tarball"
