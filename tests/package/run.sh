@@ -47,7 +47,8 @@ readelf -d c-consumer | grep -q "Shared library: \[$SOVER\]" || { echo "c-consum
 ok "C program built with pkg-config runs against the tarball ($SOVER)"
 
 echo "== Python: wheel in a fresh venv, used from /"
-WHEEL=$(ls "$DIST"/kalos-"$VERSION"-py3-none-manylinux_*_x86_64.whl)
+# With KALOS_MANYLINUX (as in CI) the wheel must carry exactly that tag.
+WHEEL=$(ls "$DIST"/kalos-"$VERSION"-py3-none-manylinux_"${KALOS_MANYLINUX:-*}"_x86_64.whl)
 python3 -m venv "$OUT/venv"
 "$OUT/venv/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL"
 cp "$HERE/consumer.py" "$OUT/"
