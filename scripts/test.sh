@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test of the repository (what CI runs). The NVRTC kernel compile check is part of
-# the rust suite (tests/nvrtc_compile.rs). Each suite runs even when an earlier one
-# failed; the script exits non-zero if any failed and prints a summary table last.
+# the rust suite (tests/nvrtc_compile.rs); the package suite builds every artifact
+# (scripts/package.sh) and uses each one installed outside the checkout. Each suite runs even
+# when an earlier one failed; the script exits non-zero if any failed and prints a summary
+# table last.
 #   scripts/test.sh            all suites
 #   scripts/test.sh rust c     only the named suites
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-ALL=(rust c python go java)
+ALL=(rust c python go java package)
 SUITES=("${@:-${ALL[@]}}")
 declare -A RESULT
 declare -A SECS
@@ -29,6 +31,7 @@ suite_c() { build && tests/c/run.sh; }
 suite_python() { build && bindings/python/ci.sh; }
 suite_go() { build && bindings/go/ci.sh; }
 suite_java() { build && bindings/java/ci.sh; }
+suite_package() { build && tests/package/run.sh; }
 
 for s in "${SUITES[@]}"; do
   run_suite "$s" "suite_$s"

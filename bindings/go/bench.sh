@@ -28,7 +28,8 @@ if [[ $mode == all || $mode == --build ]]; then
   cp "$ROOT/target/release/libkalos.so" "$ROOT/target/release/kalosd" "$OUT/"
   gcc -O2 -Wall -Wextra -I "$ROOT/include" "$HERE/bench/recall_bench.c" -L "$OUT" -lkalos \
     -Wl,-rpath,'$ORIGIN' -o "$OUT/recall_bench"
-  (cd "$HERE" && go test -c -o "$OUT/kalos.test" .)
+  "$HERE/gen-pc.sh" "$ROOT/include" "$OUT" > "$OUT/kalos.pc"   # the binding's cgo flags
+  (cd "$HERE" && PKG_CONFIG_PATH="$OUT" go test -c -o "$OUT/kalos.test" .)
   (cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown) > "$OUT/COMMIT"
 fi
 [[ $mode == --build ]] && exit 0

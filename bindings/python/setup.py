@@ -1,30 +1,87 @@
-"""Wheel tagging only (metadata is in pyproject.toml).
+"""Builds the native parts of the wheel (metadata is in pyproject.toml).
 
-When kalos/libkalos.so is present (build_wheel.sh copies it in), the wheel carries a native
-library: it is tagged py3-none-<platform> instead of the pure py3-none-any.
+The platform wheel carries ``kalos/libkalos.so`` (the crate's cdylib, loaded with ctypes) and
+the ``kalosd`` executable (installed as a console command), both built by setuptools-rust from
+the crate two directories up. The version is the crate's.
+
+``KALOS_PY_NATIVE=0`` builds a pure-Python package instead (no Rust build): it finds
+``libkalos.so`` through ``KALOS_LIBRARY`` or a checkout's cargo target directory. The
+binding's own test script (``ci.sh``) installs it that way.
 """
 
+import os
+import re
 from pathlib import Path
 
 from setuptools import setup
+from setuptools_rust import Binding, RustBin, RustExtension
+from setuptools_rust.build import build_rust
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # older setuptools
+except ImportError:  # setuptools < 70
     from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
 
-BUNDLED = any((Path(__file__).parent / "kalos" / n).is_file() for n in ("libkalos.so", "libkalos.dylib"))
+HERE = Path(__file__).resolve().parent
+CARGO_TOML = HERE.parent.parent / "Cargo.toml"
+NATIVE = os.environ.get("KALOS_PY_NATIVE", "1") != "0"
+
+
+def crate_version() -> str:
+    m = re.search(r'^version\s*=\s*"([^"]+)"', CARGO_TOML.read_text(), re.M)
+    if not m:
+        raise RuntimeError(f"no version in {CARGO_TOML}")
+    return m.group(1)
+
+
+def package_version() -> str:
+    ns: dict = {}
+    exec((HERE / "kalos" / "_version.py").read_text(), ns)
+    return ns["__version__"]
+
+
+VERSION = crate_version()
+if package_version() != VERSION:
+    raise RuntimeError(f"kalos/_version.py says {package_version()}, {CARGO_TOML} says {VERSION}")
+
+
+class BuildRust(build_rust):
+    """Names the cdylib ``libkalos.so`` (the name ``kalos/_ffi.py`` loads), not a Python
+    extension-module name: it is a plain C library, independent of the Python version."""
+
+    def get_dylib_ext_path(self, ext, target_fname):
+        return os.path.join(os.path.dirname(super().get_dylib_ext_path(ext, target_fname)), "libkalos.so")
 
 
 class Wheel(bdist_wheel):
+    """py3-none-<platform>: native code, but no CPython ABI (ctypes, not an extension module)."""
+
     def finalize_options(self):
         super().finalize_options()
-        if BUNDLED:
-            self.root_is_pure = False
+        self.root_is_pure = not NATIVE
 
     def get_tag(self):
         py, abi, plat = super().get_tag()
-        return ("py3", "none", plat) if BUNDLED else (py, abi, plat)
+        return ("py3", "none", plat) if NATIVE else (py, abi, plat)
 
 
-setup(cmdclass={"bdist_wheel": Wheel})
+rust = []
+if NATIVE:
+    # The crate types are those of Cargo.toml, so cargo reuses the library that
+    # `cargo build --release` built (same unit, same features) instead of compiling it again.
+    rust = [
+        RustExtension(
+            "kalos.libkalos",
+            path=str(CARGO_TOML),
+            binding=Binding.NoBinding,
+            args=["--crate-type", "cdylib", "--crate-type", "rlib"],
+        ),
+        RustBin("kalosd", path=str(CARGO_TOML)),
+    ]
+
+setup(
+    version=VERSION,
+    rust_extensions=rust,
+    cmdclass={"build_rust": BuildRust, "bdist_wheel": Wheel},
+    zip_safe=False,
+)

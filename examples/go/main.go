@@ -4,7 +4,7 @@
 //
 //	# a server in another process (or pass -role auto to embed one in this process)
 //	kalosd serve --name memories --dim 64 &
-//	LD_LIBRARY_PATH=target/release go run ./examples/go -store memories -role client
+//	PKG_CONFIG_PATH=/prefix/of/kalos/lib/pkgconfig go run ./examples/go -store memories -role client
 //
 //	curl -XPOST localhost:8080/users/alice/memories -d '{"id":1,"text":"alice drinks green tea"}'
 //	curl -XPOST localhost:8080/users/alice/recall   -d '{"text":"what does alice drink?","k":3}'

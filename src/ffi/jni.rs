@@ -5,8 +5,9 @@
 //!
 //! Rules every export follows:
 //! - The whole body runs inside [`EnvUnowned::with_env`], which wraps it in `catch_unwind`. An
-//!   error becomes a Java exception: [`kalos::Error`](crate::Error) → `io.kalos.KalosException`
-//!   carrying the numeric status (the C ABI's value), a JNI argument problem →
+//!   error becomes a Java exception: [`kalos::Error`](crate::Error) → the exception that
+//!   `io.kalos.KalosException.of` picks (the subclass of the status's family), carrying the
+//!   numeric status (the C ABI's value), a JNI argument problem →
 //!   `IllegalArgumentException`, a zero (closed) handle → `IllegalStateException`, and a panic →
 //!   `KalosException(PANIC)`. Nothing unwinds into the JVM, nothing aborts it.
 //! - No JNI critical section and no pinned array is ever held across a wait for the server:
@@ -115,16 +116,17 @@ fn throw(unowned: &mut EnvUnowned<'_>, e: JErr) {
         .into_outcome();
 }
 
+/// Throws the exception `KalosException.of(status, message)` picks: the subclass of the status's
+/// family (`NotFoundException`, `KalosTimeoutException`, ...) or `KalosException` itself.
 fn throw_kalos(env: &mut Env<'_>, status: i32, message: &str) -> jni::errors::Result<()> {
     let msg = env.new_string(message)?;
+    let sig = jni_sig!("(ILjava/lang/String;)Lio/kalos/KalosException;");
+    let args = [JValue::Int(status), JValue::Object(&msg)];
     let obj = match EXCEPTION_CLASS.get() {
-        Some(cls) => env.new_object(cls, jni_sig!("(ILjava/lang/String;)V"), &[JValue::Int(status), JValue::Object(&msg)])?,
-        None => env.new_object(
-            jni_str!("io/kalos/KalosException"),
-            jni_sig!("(ILjava/lang/String;)V"),
-            &[JValue::Int(status), JValue::Object(&msg)],
-        )?,
-    };
+        Some(cls) => env.call_static_method(cls, jni_str!("of"), sig, &args)?,
+        None => env.call_static_method(jni_str!("io/kalos/KalosException"), jni_str!("of"), sig, &args)?,
+    }
+    .l()?;
     let t = env.cast_local::<jni::objects::JThrowable>(obj)?;
     env.throw(t)
 }
@@ -268,10 +270,12 @@ pub extern "system" fn Java_io_kalos_Native_statusName<'l>(mut env: EnvUnowned<'
     })
 }
 
-/// Test hook: panics inside an export, to prove a panic becomes `KalosException(PANIC)`.
+/// Test hook: unwinds inside an export, to prove a panic becomes `KalosException(PANIC)`.
+/// `resume_unwind` starts the same unwinding as `panic!` but skips the panic hook, so the passing
+/// test prints no "thread panicked" report on stderr.
 #[no_mangle]
 pub extern "system" fn Java_io_kalos_Native_debugPanic<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>) -> jint {
-    run(&mut env, |_env| -> JResult<jint> { panic!("debugPanic called (test hook)") })
+    run(&mut env, |_env| -> JResult<jint> { std::panic::resume_unwind(Box::new("debugPanic called (test hook)")) })
 }
 
 /// Number of option slots `open` expects (must match `KalosOptions.toNative`).

@@ -39,6 +39,7 @@ from typing import Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Seq
 import numpy as np
 
 from . import _ffi
+from ._version import __version__
 from ._ffi import (
     KALOS_MAX_FILTER_NAMESPACES,
     KALOS_MAX_K,
@@ -49,8 +50,10 @@ from ._ffi import (
 from .errors import *  # noqa: F401,F403  (every KalosError subclass)
 from .errors import ERRORS_BY_STATUS, ClosedError, KalosError, KOutOfRangeError, error_for
 
+# `open` is deliberately absent: `from kalos import *` must not shadow the builtin. Use
+# `kalos.open(...)`.
 __all__ = [
-    "open",
+    "__version__",
     "Kalos",
     "Records",
     "KalosError",

@@ -8,10 +8,11 @@ silently from the C API.
 
 Library discovery (first hit wins), see :func:`find_library`:
 
-1. **Bundled**: ``libkalos.so`` next to this file (a wheel built with ``build_wheel.sh``).
-2. **``KALOS_LIBRARY``**: an explicit path to ``libkalos.so``.
-3. **Cargo target directory** (development checkout): ``$CARGO_TARGET_DIR`` or the ``target/``
-   directory of the repository that contains this package, ``release`` before ``debug``.
+1. **``KALOS_LIBRARY``**: an explicit path to ``libkalos.so``; it overrides everything else.
+2. **Bundled**: ``libkalos.so`` next to this file (the platform wheel, ``scripts/package.sh``).
+3. **Cargo target directory** (a source install without a bundled library, for development):
+   ``$CARGO_TARGET_DIR`` or the ``target/`` directory of the checkout that contains this package
+   or the working directory, ``release`` before ``debug``.
 
 The library is loaded with :class:`ctypes.CDLL`, which releases the GIL for the duration of each
 foreign call, so a thread blocked in a recall never stalls other Python threads.
@@ -331,10 +332,11 @@ LIB_NAME = "libkalos.so" if sys.platform != "darwin" else "libkalos.dylib"
 def candidate_paths() -> List[Path]:
     """Every place :func:`find_library` looks, in order (existing or not)."""
     here = Path(__file__).resolve().parent
-    out: List[Path] = [here / LIB_NAME]
+    out: List[Path] = []
     env = os.environ.get("KALOS_LIBRARY")
     if env:
         out.append(Path(env))
+    out.append(here / LIB_NAME)
     targets: List[Path] = []
     if os.environ.get("CARGO_TARGET_DIR"):
         targets.append(Path(os.environ["CARGO_TARGET_DIR"]))
@@ -356,23 +358,21 @@ def find_library() -> Path:
     ``KALOS_LIBRARY``, when set, must name an existing file: a typo there is an error rather
     than a silent fall back to another build.
     """
-    here = Path(__file__).resolve().parent
-    bundled = here / LIB_NAME
-    if bundled.is_file():
-        return bundled
     env = os.environ.get("KALOS_LIBRARY")
     if env:
         p = Path(env)
         if not p.is_file():
             raise OSError(f"KALOS_LIBRARY={env!r} does not name an existing file")
         return p
-    for p in candidate_paths()[1:]:
+    for p in candidate_paths():
         if p.is_file():
             return p
     raise OSError(
-        "libkalos.so not found. Looked in: "
+        "libkalos.so not found: this kalos package carries no native library (a source install). "
+        "Looked in: "
         + ", ".join(str(p) for p in candidate_paths())
-        + ". Build it with `cargo build --release`, or set KALOS_LIBRARY=/path/to/libkalos.so."
+        + ". Install the platform wheel (scripts/package.sh builds it into dist/), set "
+        "KALOS_LIBRARY=/path/to/libkalos.so, or run from a checkout after `cargo build --release`."
     )
 
 

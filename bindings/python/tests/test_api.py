@@ -317,20 +317,21 @@ def test_not_picklable(kv):
 def test_library_discovery(monkeypatch, tmp_path):
     from kalos import _ffi
 
+    monkeypatch.delenv("KALOS_LIBRARY", raising=False)
     paths = [str(p) for p in _ffi.candidate_paths()]
-    assert paths[0].endswith("kalos/libkalos.so")  # bundled first
+    assert paths[0].endswith("kalos/libkalos.so")  # bundled first without KALOS_LIBRARY
     assert any("target/release/libkalos.so" in p for p in paths)
     monkeypatch.setenv("KALOS_LIBRARY", kalos.library_path)
-    assert str(_ffi.find_library()) in (kalos.library_path, str(_ffi.Path(__file__).parents[1] / "kalos" / _ffi.LIB_NAME))
+    assert _ffi.candidate_paths()[0] == _ffi.Path(kalos.library_path)  # KALOS_LIBRARY first
+    assert str(_ffi.find_library()) == kalos.library_path
     monkeypatch.setenv("KALOS_LIBRARY", str(tmp_path / "nope.so"))
-    if not (_ffi.Path(_ffi.__file__).parent / _ffi.LIB_NAME).is_file():
-        with pytest.raises(OSError, match="KALOS_LIBRARY"):
-            _ffi.find_library()
+    with pytest.raises(OSError, match="KALOS_LIBRARY"):
+        _ffi.find_library()
     assert kalos.version() and kalos.status_name(12) == "SERVER_GONE" and kalos.status_name(999) == "UNKNOWN"
 
 
 def test_discovery_order_in_subprocesses(tmp_path):
-    """bundled > KALOS_LIBRARY > cargo target dir, each checked in a fresh interpreter."""
+    """KALOS_LIBRARY > bundled > cargo target dir, each checked in a fresh interpreter."""
     import os
     import shutil
     import subprocess
@@ -361,8 +362,24 @@ def test_discovery_order_in_subprocesses(tmp_path):
     # 2. KALOS_LIBRARY beats the target dir
     assert loaded(plain, repo, KALOS_LIBRARY=str(other)) == str(other)
     assert "does not name an existing file" in loaded(plain, repo, KALOS_LIBRARY=str(tmp_path / "nope.so"))
-    # 1. bundled beats KALOS_LIBRARY
+    # bundled beats the target dir; 1. KALOS_LIBRARY beats the bundled library
     bundled = tmp_path / "bundled"
     shutil.copytree(plain, bundled)
     shutil.copy(real, bundled / "kalos" / "libkalos.so")
-    assert loaded(bundled, repo, KALOS_LIBRARY=str(other)) == str(bundled / "kalos" / "libkalos.so")
+    assert loaded(bundled, repo) == str(bundled / "kalos" / "libkalos.so")
+    assert loaded(bundled, repo, KALOS_LIBRARY=str(other)) == str(other)
+
+
+def test_version_and_star_import():
+    import re
+
+    from conftest import REPO
+
+    crate = re.search(r'^version = "([^"]+)"', (REPO / "Cargo.toml").read_text(), re.M).group(1)
+    assert kalos.__version__ == crate == kalos.version()
+    # `from kalos import *` exports the API but never shadows the builtin open().
+    assert "open" not in kalos.__all__
+    ns = {}
+    exec("from kalos import *", ns)
+    assert "open" not in ns and {"Kalos", "KalosError", "NotFoundError", "__version__"} <= set(ns)
+    assert all(hasattr(kalos, n) for n in kalos.__all__)

@@ -41,8 +41,10 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
  * no copy in JNI at all.
  *
  * <h2>Errors</h2>
- * Library errors throw {@link KalosException} with a {@link KalosException.Status}; a Rust panic
- * inside the library becomes {@code KalosException(PANIC)}, never a JVM abort.
+ * Library errors throw {@link KalosException} with a {@link KalosException.Status}, as the
+ * subclass of the status's family ({@link NotFoundException}, {@link KalosTimeoutException},
+ * {@link ServerGoneException}, ...); a Rust panic inside the library becomes
+ * {@code KalosException(PANIC)}, never a JVM abort.
  */
 public final class Kalos implements AutoCloseable {
     private static final Cleaner CLEANER = Cleaner.create();
@@ -100,6 +102,14 @@ public final class Kalos implements AutoCloseable {
     /** Attaches to a running server (role CLIENT), e.g. a {@code kalosd}. */
     public static Kalos connect(String name) {
         return open(name, KalosOptions.builder().role(KalosOptions.Role.CLIENT).build());
+    }
+
+    /**
+     * Where {@code libkalos.so} was loaded from: the path named by {@code -Dkalos.library} or
+     * {@code KALOS_LIBRARY}, the URL of the copy bundled in the jar, or {@code java.library.path}.
+     */
+    public static String libraryPath() {
+        return NativeLoader.source();
     }
 
     /** The library version, e.g. "0.1.0". */
@@ -191,7 +201,7 @@ public final class Kalos implements AutoCloseable {
         Objects.requireNonNull(ids, "ids");
         Objects.requireNonNull(scores, "scores");
         if (k > 0 && k <= 1024 && (ids.length < k || scores.length < k)) {
-            throw new KalosException(KalosException.Status.BUFFER_TOO_SMALL,
+            throw KalosException.of(KalosException.Status.BUFFER_TOO_SMALL,
                     "ids/scores hold " + ids.length + "/" + scores.length + " entries; k = " + k);
         }
         long h = acquire();
@@ -223,11 +233,11 @@ public final class Kalos implements AutoCloseable {
             throw new IllegalArgumentException("ids and scores must be writable buffers");
         }
         if (query.remaining() < dim) {
-            throw new KalosException(KalosException.Status.DIMENSION_MISMATCH,
+            throw KalosException.of(KalosException.Status.DIMENSION_MISMATCH,
                     "query buffer has " + query.remaining() + " floats remaining; the store's dimension is " + dim);
         }
         if (k > 0 && k <= 1024 && (ids.remaining() < k || scores.remaining() < k)) {
-            throw new KalosException(KalosException.Status.BUFFER_TOO_SMALL,
+            throw KalosException.of(KalosException.Status.BUFFER_TOO_SMALL,
                     "ids/scores buffers have " + ids.remaining() + "/" + scores.remaining() + " remaining; k = " + k);
         }
         long h = acquire();
@@ -284,7 +294,7 @@ public final class Kalos implements AutoCloseable {
         for (int i = 0; i < queries.length; i++) {
             float[] q = Objects.requireNonNull(queries[i], "queries[i]");
             if (q.length != dim) {
-                throw new KalosException(KalosException.Status.DIMENSION_MISMATCH,
+                throw KalosException.of(KalosException.Status.DIMENSION_MISMATCH,
                         "query " + i + " has " + q.length + " values; the store's dimension is " + dim);
             }
             System.arraycopy(q, 0, flat, i * dim, dim);
@@ -299,7 +309,7 @@ public final class Kalos implements AutoCloseable {
         int kk = Math.max(0, Math.min(k, 1024));
         int nn = Math.max(nq, 0);
         if ((long) nn * kk > Integer.MAX_VALUE - 8) {
-            throw new KalosException(KalosException.Status.INVALID_ARGUMENT, "batch of " + nq + " x k=" + k + " results is too large");
+            throw KalosException.of(KalosException.Status.INVALID_ARGUMENT, "batch of " + nq + " x k=" + k + " results is too large");
         }
         long[] ids = new long[nn * kk];
         float[] scores = new float[nn * kk];
@@ -336,13 +346,13 @@ public final class Kalos implements AutoCloseable {
         Objects.requireNonNull(ids, "ids");
         Objects.requireNonNull(vectors, "vectors");
         if (vectors.length != ids.length) {
-            throw new KalosException(KalosException.Status.INVALID_ARGUMENT, vectors.length + " vectors for " + ids.length + " ids");
+            throw KalosException.of(KalosException.Status.INVALID_ARGUMENT, vectors.length + " vectors for " + ids.length + " ids");
         }
         float[] flat = new float[ids.length * dim];
         for (int i = 0; i < vectors.length; i++) {
             float[] v = Objects.requireNonNull(vectors[i], "vectors[i]");
             if (v.length != dim) {
-                throw new KalosException(KalosException.Status.DIMENSION_MISMATCH,
+                throw KalosException.of(KalosException.Status.DIMENSION_MISMATCH,
                         "vector " + i + " has " + v.length + " values; the store's dimension is " + dim);
             }
             System.arraycopy(v, 0, flat, i * dim, dim);

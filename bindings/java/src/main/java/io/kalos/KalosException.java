@@ -5,6 +5,14 @@ package io.kalos;
  * ({@link Status#code()}) is the C ABI's ({@code KALOS_*} in {@code include/kalos.h}), so logs and
  * metrics agree across languages.
  *
+ * <p>Each family of statuses has its own subclass, so a caller catches what it handles:
+ * {@link InvalidArgumentException} (the request is wrong: INVALID_ARGUMENT, NULL_POINTER,
+ * DIMENSION_MISMATCH, K_OUT_OF_RANGE, NON_FINITE, INVALID_NAME, BUFFER_TOO_SMALL,
+ * PAYLOAD_TOO_LARGE, TOO_LARGE), {@link NotFoundException}, {@link StoreFullException},
+ * {@link KalosTimeoutException}, {@link ServerGoneException} (reopen the store) and
+ * {@link KalosIOException} (IO, CORRUPT, PERMISSION_DENIED). Every other status is a plain
+ * {@code KalosException}.
+ *
  * <p>Programming errors on the Java side are reported with the usual JDK exceptions instead:
  * {@link IllegalStateException} for a closed handle, {@link IllegalArgumentException} for a
  * non-direct or misaligned NIO buffer, {@link NullPointerException} for null arguments.
@@ -67,15 +75,67 @@ public class KalosException extends RuntimeException {
     private final Status status;
     private final int code;
 
-    /** Called from native code ({@code src/ffi/jni.rs}) with the raw status code. */
+    /**
+     * The exception for a status: the subclass of its family ({@link InvalidArgumentException},
+     * {@link NotFoundException}, {@link StoreFullException}, {@link KalosTimeoutException},
+     * {@link ServerGoneException}, {@link KalosIOException}), else a plain {@code KalosException}.
+     * Native code ({@code src/ffi/jni.rs}) creates every exception it throws through this method.
+     */
+    public static KalosException of(int code, String message) {
+        switch (Status.fromCode(code)) {
+            case INVALID_ARGUMENT:
+            case NULL_POINTER:
+            case DIMENSION_MISMATCH:
+            case K_OUT_OF_RANGE:
+            case NON_FINITE:
+            case INVALID_NAME:
+            case BUFFER_TOO_SMALL:
+            case PAYLOAD_TOO_LARGE:
+            case TOO_LARGE:
+                return new InvalidArgumentException(code, message);
+            case NOT_FOUND:
+                return new NotFoundException(code, message);
+            case STORE_FULL:
+                return new StoreFullException(code, message);
+            case TIMEOUT:
+                return new KalosTimeoutException(code, message);
+            case SERVER_GONE:
+                return new ServerGoneException(code, message);
+            case IO:
+            case CORRUPT:
+            case PERMISSION_DENIED:
+                return new KalosIOException(code, message);
+            default:
+                return new KalosException(code, message);
+        }
+    }
+
+    /** {@link #of(int, String)} for a {@link Status}. */
+    public static KalosException of(Status status, String message) {
+        return of(status.code(), message);
+    }
+
+    /**
+     * An exception with the raw status code; the message reads {@code STATUS: message} (a
+     * message that already starts with its status name is not prefixed twice). Prefer
+     * {@link #of(int, String)}, which picks the subclass.
+     */
     public KalosException(int code, String message) {
-        super(Status.fromCode(code).name() + ": " + message);
+        super(prefixed(Status.fromCode(code), message));
         this.code = code;
         this.status = Status.fromCode(code);
     }
 
     public KalosException(Status status, String message) {
         this(status.code(), message);
+    }
+
+    private static String prefixed(Status status, String message) {
+        String prefix = status.name() + ": ";
+        if (message == null || message.isEmpty()) {
+            return status.name();
+        }
+        return message.startsWith(prefix) ? message : prefix + message;
     }
 
     /** The status of the failed call. */

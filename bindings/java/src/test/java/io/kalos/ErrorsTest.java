@@ -38,11 +38,51 @@ class ErrorsTest {
         return v;
     }
 
+    /** The exception class of each status family (the specification KalosException.of follows). */
+    static Class<? extends KalosException> family(Status s) {
+        switch (s) {
+            case INVALID_ARGUMENT: case NULL_POINTER: case DIMENSION_MISMATCH: case K_OUT_OF_RANGE:
+            case NON_FINITE: case INVALID_NAME: case BUFFER_TOO_SMALL: case PAYLOAD_TOO_LARGE: case TOO_LARGE:
+                return InvalidArgumentException.class;
+            case NOT_FOUND:
+                return NotFoundException.class;
+            case STORE_FULL:
+                return StoreFullException.class;
+            case TIMEOUT:
+                return KalosTimeoutException.class;
+            case SERVER_GONE:
+                return ServerGoneException.class;
+            case IO: case CORRUPT: case PERMISSION_DENIED:
+                return KalosIOException.class;
+            default:
+                return KalosException.class;
+        }
+    }
+
     static void assertStatus(Status s, Executable e) {
         KalosException ex = assertThrows(KalosException.class, e);
         assertEquals(s, ex.status(), ex.getMessage());
         assertEquals(s.code(), ex.code());
+        assertEquals(family(s), ex.getClass(), ex.getMessage());
         assertTrue(ex.getMessage().startsWith(s.name() + ": "), ex.getMessage());
+        String rest = ex.getMessage().substring(s.name().length() + 2);
+        for (Status other : Status.values()) {
+            assertFalse(rest.startsWith(other.name() + ": "), "repeated prefix: " + ex.getMessage());
+        }
+    }
+
+    @Test
+    void everyStatusHasItsFamilyClass() {
+        for (Status s : Status.values()) {
+            KalosException ex = KalosException.of(s.code(), "boom");
+            assertEquals(family(s), ex.getClass(), s.name());
+            assertEquals(s, ex.status());
+            assertEquals(s.name() + ": boom", ex.getMessage());
+            // A message that already names its status is not prefixed again.
+            assertEquals(s.name() + ": boom", KalosException.of(s, s.name() + ": boom").getMessage());
+        }
+        assertEquals(KalosException.class, KalosException.of(999, "x").getClass());
+        assertEquals(Status.UNKNOWN, KalosException.of(999, "x").status());
     }
 
     @Test
