@@ -69,10 +69,13 @@ def test_namespace_key_filters(store):
     assert r.namespaces.tolist() == [namespace_of("bob")]
     assert json.loads(r.payloads[0]) == {"id": "b1", "text": "bob likes coffee", "metadata": {"user": "bob", "n": 1}}
     assert store.client.get([str_to_u64("b2")]).namespaces.tolist() == [7]
+    # Other keys and operators are metadata filters: "n" is a field of b1 only; "user" is a
+    # keyword field (b2's int 7 kept its namespace but is not a field of that type).
+    assert {d.id for d in store.similarity_search("x", k=4, filter={"n": 1})} == {"b1"}
+    assert store.similarity_search("x", k=4, filter={"other": 1}) == []
+    assert {d.id for d in store.similarity_search("x", k=4, filter={"user": {"$gt": "amy"}})} == {"b1"}
     with pytest.raises(ValueError):
-        store.similarity_search("x", filter={"other": 1})
-    with pytest.raises(ValueError):
-        store.similarity_search("x", filter={"user": {"$gt": 1}})
+        store.similarity_search("x", filter={"user": {"$near": 1}})
     # delete by namespace, then everything
     store.delete(filter={"user": "alice"})
     assert {d.id for d in store.similarity_search("x", k=10)} == {"b1", "b2"}
@@ -122,8 +125,11 @@ def test_shared_client_and_many_docs():
         assert s.similarity_search(texts[123], k=1)[0].page_content == texts[123]
         s.close()  # does not close a client it does not own
         assert not kv.closed
-    with pytest.raises(ValueError):
-        KalosVectorStore(emb)
+    # Without a name or a client: a private store with a generated name.
+    s2 = KalosVectorStore(emb)
+    s2.add_texts(["alone"])
+    assert s2.similarity_search("alone", k=1)[0].page_content == "alone"
+    s2.close()
 
 
 def test_dict_and_callable_filters(store):
