@@ -705,8 +705,8 @@ mod tests {
         let f3 = [Field::new("m", Value::Int(2))];
         c.check([(3u64, &f1[..]), (4u64, &f3[..])].into_iter()).unwrap();
         c.push_row();
-        c.set_row(1, &f3);
         c.set_row(0, &f1);
+        c.set_row(1, &f3);
         assert_eq!(c.row(1), vec![Field::new("m", Value::Float(2.0))]);
         assert_eq!(c.row(0), vec![Field::new("m", Value::Float(1.0))], "set_row replaces every field");
         c.swap_remove(0, 1);
