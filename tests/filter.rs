@@ -436,3 +436,66 @@ fn delete_where_deletes_what_matches() {
         assert_eq!(k.stats().unwrap().count as usize, model.len());
     }
 }
+
+/// The C ABI: a caller built against the parameter structs before `filter` / `fields` existed
+/// passes a shorter `struct_size` and gets no filter (the bytes past it are never read); the
+/// full struct carries the filter; a malformed one is INVALID_ARGUMENT with a message.
+#[test]
+fn the_c_abi_reads_filters_only_within_struct_size() {
+    use kalos::ffi::*;
+    let name = std::ffi::CString::new(format!("filt-abi-{}", std::process::id())).unwrap();
+    let mut o = std::mem::MaybeUninit::<kalos_options>::uninit();
+    let mut h: *mut kalos_handle = std::ptr::null_mut();
+    // SAFETY: init writes the whole struct; the pointers passed live for each call.
+    unsafe {
+        kalos_options_init(o.as_mut_ptr());
+        let mut o = o.assume_init();
+        o.dim = DIM as u32;
+        o.metric = 0;
+        o.backend = 1;
+        o.role = 1;
+        assert_eq!(kalos_open(name.as_ptr(), &o, &mut h), 0);
+    }
+    let v = [1.0f32; DIM];
+    let meta = encode_fields_block(&[&[Field::new("n", Value::Int(1))], &[Field::new("n", Value::Int(2))]]);
+    let mut up = std::mem::MaybeUninit::<kalos_upsert_params>::uninit();
+    // SAFETY: as above.
+    let mut up = unsafe {
+        kalos_upsert_params_init(up.as_mut_ptr());
+        up.assume_init()
+    };
+    up.fields = meta.as_ptr();
+    up.fields_len = meta.len();
+    // SAFETY: ids, vectors and the fields block outlive the call.
+    assert_eq!(unsafe { kalos_upsert(h, [1u64, 2].as_ptr(), 2, [v, v].concat().as_ptr(), 2 * DIM, &up) }, 0);
+    let f = Expr::eq("n", Value::Int(2)).encode();
+    let mut p = std::mem::MaybeUninit::<kalos_recall_params>::uninit();
+    // SAFETY: as above.
+    let mut p = unsafe {
+        kalos_recall_params_init(p.as_mut_ptr());
+        p.assume_init()
+    };
+    p.filter = f.as_ptr();
+    p.filter_len = f.len();
+    let recall = |p: &kalos_recall_params| {
+        let (mut ids, mut sc, mut n) = ([0u64; 4], [0f32; 4], 0usize);
+        // SAFETY: every buffer holds 4 entries and outlives the call.
+        let st = unsafe { kalos_recall(h, v.as_ptr(), DIM, 4, p, ids.as_mut_ptr(), 4, sc.as_mut_ptr(), 4, &mut n) };
+        (st, ids[..n].to_vec())
+    };
+    assert_eq!(recall(&p), (0, vec![2]));
+    p.struct_size = std::mem::offset_of!(kalos_recall_params, filter) as u32;
+    assert_eq!(recall(&p), (0, vec![1, 2]), "a shorter struct has no filter");
+    p.struct_size = std::mem::offset_of!(kalos_recall_params, timeout_ms) as u32;
+    assert_eq!(recall(&p).0, kalos_status_code::KALOS_INVALID_ARGUMENT as i32);
+    let bad = [1u8, 4, 1, b'n', 9];
+    p.struct_size = std::mem::size_of::<kalos_recall_params>() as u32;
+    p.filter = bad.as_ptr();
+    p.filter_len = bad.len();
+    assert_eq!(recall(&p).0, kalos_status_code::KALOS_INVALID_ARGUMENT as i32);
+    // SAFETY: kalos_last_error returns a NUL-terminated thread-local string.
+    let msg = unsafe { std::ffi::CStr::from_ptr(kalos_last_error()) }.to_string_lossy().into_owned();
+    assert!(msg.contains("unknown value type 9"), "{msg}");
+    // SAFETY: h came from kalos_open and is closed once.
+    unsafe { kalos_close(h) };
+}
