@@ -207,6 +207,7 @@ fn build_store(vecs: &[f32], dim: usize) -> Store {
     for c0 in (0..n).step_by(4096) {
         let items: Vec<UpsertItem<'_>> = (c0..(c0 + 4096).min(n))
             .map(|i| UpsertItem {
+                fields: &[],
                 id: i as u64,
                 namespace: 0,
                 vector: &vecs[i * dim..(i + 1) * dim],

@@ -137,6 +137,7 @@ fn main() {
                 vecs.iter_mut().for_each(|x| *x = rng.random_range(-1.0f32..1.0));
                 let items: Vec<UpsertItem> = (i..e)
                     .map(|r| UpsertItem {
+                        fields: &[],
                         id: r as u64,
                         namespace: (r % 1000) as u64,
                         vector: &vecs[(r - i) * dim..(r - i + 1) * dim],

@@ -36,6 +36,7 @@ fn main() {
     let mut st = Store::new(dim, metric, n.max(1), 0);
     let items: Vec<UpsertItem<'_>> = (0..n)
         .map(|i| UpsertItem {
+            fields: &[],
             id: i as u64,
             namespace: 0,
             vector: &vecs[i * dim..(i + 1) * dim],

@@ -59,6 +59,7 @@ fn main() {
         vecs[..m * dim].iter_mut().for_each(|x| *x = r.random_range(-1.0f32..1.0));
         let items: Vec<UpsertItem<'_>> = (0..m)
             .map(|i| UpsertItem {
+                fields: &[],
                 id: (c0 + i) as u64,
                 namespace: 0,
                 vector: &vecs[i * dim..(i + 1) * dim],

@@ -225,6 +225,12 @@ typedef struct kalos_recall_params {
   double recency_half_life_ms;
   // Deadline of this call in ms (0 = the handle's default).
   uint64_t timeout_ms;
+  // Metadata filter expression in its binary form (docs/FORMATS.md, "Filter expressions"),
+  // or NULL (and length 0) for none. Borrowed for the call only. A malformed expression
+  // fails the call with `KALOS_INVALID_ARGUMENT` before anything is sent to the server.
+  // A caller whose `struct_size` ends before this field gets no filter.
+  const uint8_t *filter;
+  size_t filter_len;
 } kalos_recall_params;
 
 // Per-call upsert parameters; pass NULL for the defaults (namespace 0, no payloads, no
@@ -250,6 +256,13 @@ typedef struct kalos_upsert_params {
   uint64_t expires_at_ms;
   // Deadline of this call in ms (0 = the handle's default).
   uint64_t timeout_ms;
+  // Metadata fields of every item as one fields block (docs/FORMATS.md, "Metadata fields"),
+  // or NULL (and length 0) for none. An upsert replaces every field a memory had. A
+  // malformed block, or a field given a type other than the store's, fails the call with
+  // `KALOS_INVALID_ARGUMENT` and writes nothing. A caller whose `struct_size` ends before
+  // this field writes no fields.
+  const uint8_t *fields;
+  size_t fields_len;
 } kalos_upsert_params;
 
 // Status code returned by every function (`KALOS_OK` = 0).
@@ -481,6 +494,41 @@ kalos_status kalos_delete_namespace(const struct kalos_handle *h, uint64_t ns, u
 // # Safety
 // `deleted` NULL or writable.
 kalos_status kalos_clear(const struct kalos_handle *h, uint64_t *deleted);
+
+// Deletes every memory that matches the metadata filter expression `filter` (binary form,
+// docs/FORMATS.md) and, when `namespaces` is not NULL, lies in one of its `namespaces_len`
+// namespaces (at most 64). The server evaluates the filter, so the same memories are deleted
+// whichever process asks. Writes the number deleted to `*deleted` (may be NULL). A malformed
+// expression is `KALOS_INVALID_ARGUMENT` and deletes nothing. Thread-safe.
+//
+// # Safety
+// `filter` readable for `filter_len` bytes (NULL gives `KALOS_NULL_POINTER`); `namespaces`
+// NULL or readable for `namespaces_len`; `deleted` NULL or writable. Nothing is kept after
+// the call.
+kalos_status kalos_delete_where(const struct kalos_handle *h,
+                                const uint64_t *namespaces,
+                                size_t namespaces_len,
+                                const uint8_t *filter,
+                                size_t filter_len,
+                                uint64_t *deleted);
+
+// Fetches the metadata fields of memories by id, each as `count u16 | (name, value)*`
+// (docs/FORMATS.md, "Metadata fields"), packed into `buf` with one length per id in `lens`.
+// `*needed` (may be NULL) gets the bytes needed, also when the call returns
+// `KALOS_BUFFER_TOO_SMALL`. An unknown id fails the call with `KALOS_NOT_FOUND` naming it.
+// Thread-safe.
+//
+// # Safety
+// `ids` readable for `ids_len`; `buf` writable for `buf_len` (may be NULL when `buf_len` is
+// 0); `lens` writable for `lens_len` (≥ `ids_len`); `needed` NULL or writable.
+kalos_status kalos_get_fields(const struct kalos_handle *h,
+                              const uint64_t *ids,
+                              size_t ids_len,
+                              uint8_t *buf,
+                              size_t buf_len,
+                              uint32_t *lens,
+                              size_t lens_len,
+                              size_t *needed);
 
 // Fetches memories by id. An unknown id fails the whole call with `KALOS_NOT_FOUND` naming it.
 //

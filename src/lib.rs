@@ -33,7 +33,9 @@ pub mod engine;
 /// cbindgen:ignore
 pub mod error;
 pub mod ffi;
+pub mod filter;
 /// cbindgen:ignore
+pub mod meta;
 pub mod npy;
 /// cbindgen:ignore
 pub mod persist;

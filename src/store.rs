@@ -13,7 +13,9 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result, Status};
-use crate::types::{check_finite, scale_to_unit, squared_norm, Metric};
+use crate::filter::Bitmap;
+use crate::meta::{Columns, Field};
+use crate::types::{check_finite, scale_to_unit, squared_norm, Filter, Metric};
 
 /// Expiry value meaning "never expires".
 pub const NEVER: u64 = u64::MAX;
@@ -29,6 +31,8 @@ pub struct UpsertItem<'a> {
     pub created_ms: u64,
     /// Unix ms at which the memory expires, or [`NEVER`].
     pub expires_ms: u64,
+    /// Typed metadata fields (replace every field the memory had).
+    pub fields: &'a [Field],
 }
 
 /// What `get` returns for one id.
@@ -40,6 +44,7 @@ pub struct Record {
     pub payload: Option<Vec<u8>>,
     pub created_ms: u64,
     pub expires_ms: u64,
+    pub fields: Vec<Field>,
 }
 
 pub struct Store {
@@ -55,6 +60,8 @@ pub struct Store {
     created_ms: Vec<u64>,
     expires_ms: Vec<u64>,
     payloads: Vec<Option<Box<[u8]>>>,
+    /// Metadata field columns (row r of each is row r of the table).
+    fields: Columns,
     index: HashMap<u64, u32>,
     /// Rows whose contents changed since the last `take_dirty`.
     dirty: Vec<u32>,
@@ -77,6 +84,7 @@ impl Store {
             created_ms: Vec::new(),
             expires_ms: Vec::new(),
             payloads: Vec::new(),
+            fields: Columns::default(),
             index: HashMap::new(),
             dirty: Vec::new(),
             expiring: 0,
@@ -121,6 +129,10 @@ impl Store {
     }
     pub fn expires_ms(&self) -> &[u64] {
         &self.expires_ms
+    }
+    /// The metadata field columns.
+    pub fn fields(&self) -> &Columns {
+        &self.fields
     }
     pub fn payload_bytes(&self) -> usize {
         self.payload_bytes
@@ -189,6 +201,7 @@ impl Store {
                 new_ids.insert(it.id);
             }
         }
+        self.fields.check(items.iter().map(|it| (it.id, it.fields)))?;
         if self.len() + new_ids.len() > self.capacity {
             return Err(Error::new(
                 Status::StoreFull,
@@ -232,6 +245,7 @@ impl Store {
                 self.created_ms.push(0);
                 self.expires_ms.push(NEVER);
                 self.payloads.push(None);
+                self.fields.push_row();
                 self.index.insert(it.id, r as u32);
                 r
             }
@@ -254,6 +268,7 @@ impl Store {
         self.payload_bytes -= self.payloads[row].as_ref().map_or(0, |p| p.len());
         self.payload_bytes += plen;
         self.payloads[row] = payload;
+        self.fields.set_row(row, it.fields);
         self.dirty.push(row as u32);
     }
 
@@ -266,6 +281,7 @@ impl Store {
         self.created_ms.reserve(n);
         self.expires_ms.reserve(n);
         self.payloads.reserve(n);
+        self.fields.reserve(n);
         self.index.reserve(n);
     }
 
@@ -304,6 +320,29 @@ impl Store {
         self.delete_present(&victims)
     }
 
+    /// Rows that a recall with `filter` may return at `now_ms`: in the namespace list, matching
+    /// the metadata expression, not expired. A bitmap over the table's rows.
+    pub fn filter_rows(&self, filter: &Filter, now_ms: u64) -> Bitmap {
+        let mut b = match &filter.expr {
+            Some(e) => crate::filter::eval(&e.expr, &self.fields, self.len()),
+            None => Bitmap::from_fn(self.len(), |_| true),
+        };
+        if filter.namespaces.is_some() || self.expiring > 0 {
+            for r in b.rows() {
+                let r = r as usize;
+                if !filter.matches(self.namespaces[r]) || self.expires_ms[r] <= now_ms {
+                    b.clear(r);
+                }
+            }
+        }
+        b
+    }
+
+    /// Ids of the memories [`Store::filter_rows`] selects.
+    pub fn matching_ids(&self, filter: &Filter, now_ms: u64) -> Vec<u64> {
+        self.filter_rows(filter, now_ms).rows().into_iter().map(|r| self.ids[r as usize]).collect()
+    }
+
     /// Removes expired memories (expires_ms ≤ now); returns their ids.
     pub fn purge_expired(&mut self, now_ms: u64) -> Vec<u64> {
         if self.expiring == 0 {
@@ -318,6 +357,8 @@ impl Store {
     pub fn clear(&mut self) {
         let ids = self.ids.clone();
         self.delete_present(&ids);
+        // A cleared store forgets its field types and keyword dictionary.
+        self.fields.reset();
     }
 
     fn remove_row(&mut self, row: usize) {
@@ -347,6 +388,7 @@ impl Store {
         self.created_ms.truncate(last);
         self.expires_ms.truncate(last);
         self.payloads.truncate(last);
+        self.fields.swap_remove(row, last);
     }
 
     /// The vector as the caller wrote it (denormalised for cosine).
@@ -367,6 +409,7 @@ impl Store {
             payload: self.payloads[row].as_ref().map(|p| p.to_vec()),
             created_ms: self.created_ms[row],
             expires_ms: self.expires_ms[row],
+            fields: self.fields.row(row),
         })
     }
 
@@ -379,6 +422,7 @@ impl Store {
             payload: self.payloads[r].as_ref().map(|p| p.to_vec()),
             created_ms: self.created_ms[r],
             expires_ms: self.expires_ms[r],
+            fields: self.fields.row(r),
         })
     }
 }
@@ -388,7 +432,7 @@ mod tests {
     use super::*;
 
     fn item(id: u64, v: &[f32]) -> UpsertItem<'_> {
-        UpsertItem { id, namespace: 0, vector: v, payload: None, created_ms: 0, expires_ms: NEVER }
+        UpsertItem { fields: &[], id, namespace: 0, vector: v, payload: None, created_ms: 0, expires_ms: NEVER }
     }
 
     #[test]

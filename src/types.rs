@@ -176,11 +176,14 @@ pub struct Recency {
 pub struct Filter {
     /// `None` = every namespace; otherwise a sorted, deduplicated list (≤ 64).
     pub namespaces: Option<Vec<u64>>,
+    /// A checked metadata filter expression (`None` = no condition on fields); a row must pass
+    /// both the namespace list and the expression.
+    pub expr: Option<std::sync::Arc<crate::filter::Compiled>>,
 }
 
 impl Filter {
     pub fn all() -> Filter {
-        Filter { namespaces: None }
+        Filter { namespaces: None, expr: None }
     }
     pub fn new(ns: &[u64]) -> Result<Filter> {
         if ns.len() > MAX_FILTER_NAMESPACES {
@@ -192,7 +195,13 @@ impl Filter {
         let mut v = ns.to_vec();
         v.sort_unstable();
         v.dedup();
-        Ok(Filter { namespaces: Some(v) })
+        Ok(Filter { namespaces: Some(v), expr: None })
+    }
+    /// The same filter with the metadata expression `bytes` (its binary form), decoded and
+    /// checked ([`crate::filter::Expr::decode`]).
+    pub fn with_expr(mut self, bytes: &[u8]) -> Result<Filter> {
+        self.expr = Some(std::sync::Arc::new(crate::filter::Compiled::new(bytes)?));
+        Ok(self)
     }
     #[inline]
     pub fn matches(&self, ns: u64) -> bool {

@@ -52,6 +52,7 @@ fn store(d: &Data, dim: usize, metric: Metric) -> Store {
     let mut st = Store::new(dim, metric, n.max(1), 0);
     let items: Vec<UpsertItem<'_>> = (0..n)
         .map(|i| UpsertItem {
+            fields: &[],
             id: d.ids[i],
             namespace: d.ns[i],
             vector: &d.vecs[i * dim..(i + 1) * dim],

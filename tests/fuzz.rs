@@ -24,6 +24,7 @@
 
 #[path = "fuzz/mutate.rs"]
 mod mutate;
+mod raw_slot;
 #[path = "fuzz/targets.rs"]
 mod targets;
 

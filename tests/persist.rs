@@ -99,6 +99,7 @@ fn apply(op: &Op, model: &mut Model, p: &mut Persist, store: &mut Store) {
             let items: Vec<UpsertItem> = rows
                 .iter()
                 .map(|(id, r)| UpsertItem {
+                    fields: &[],
                     id: *id,
                     namespace: r.ns,
                     vector: &r.v,
@@ -326,6 +327,7 @@ fn corrupt_snapshot_fails_open_and_repair_salvages_intact_blocks() {
     for c in 0..(n / 500) {
         let items: Vec<UpsertItem> = (c * 500..(c + 1) * 500)
             .map(|i| UpsertItem {
+                fields: &[],
                 id: i,
                 namespace: i % 3,
                 vector: &vecs[i as usize * dim..(i as usize + 1) * dim],
@@ -674,7 +676,7 @@ fn salvaging_a_snapshot_whose_end_block_undercounts_says_so() {
     let mut s = new_store(2, Metric::InnerProduct);
     let (v, p) = ([1.0f32, 2.0], Some(&b"x"[..]));
     let items: Vec<UpsertItem> =
-        (0..2).map(|id| UpsertItem { id, namespace: 0, vector: &v, payload: p, created_ms: 1, expires_ms: NEVER }).collect();
+        (0..2).map(|id| UpsertItem { fields: &[], id, namespace: 0, vector: &v, payload: p, created_ms: 1, expires_ms: NEVER }).collect();
     s.apply_upsert(&items);
     let mut b = persist::fuzz::encode_snapshot(&s, 1, 0);
     let end = b.len() - 20;

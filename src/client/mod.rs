@@ -38,6 +38,8 @@ pub struct RecallOptions {
     /// `None` = all namespaces; otherwise at most 64.
     pub namespaces: Option<Vec<u64>>,
     pub recency: Option<Recency>,
+    /// A metadata filter expression in its binary form ([`crate::filter::Expr::encode`]).
+    pub filter: Option<Vec<u8>>,
     /// Overrides the handle's default deadline.
     pub timeout_ms: Option<u64>,
 }
@@ -48,6 +50,8 @@ pub struct UpsertOptions<'a> {
     pub namespaces: Namespaces<'a>,
     /// One entry per item (`None` = no payload), or `None` for no payloads at all.
     pub payloads: Option<Vec<Option<&'a [u8]>>>,
+    /// One entry per item (its metadata fields), or `None` for no fields at all.
+    pub fields: Option<&'a [Vec<crate::meta::Field>]>,
     /// Time to live from now, in ms (0 = none).
     pub ttl_ms: u64,
     /// Absolute expiry in unix ms ([`NEVER`] = none). Must be in the future.
@@ -57,7 +61,7 @@ pub struct UpsertOptions<'a> {
 
 impl Default for UpsertOptions<'_> {
     fn default() -> Self {
-        UpsertOptions { namespaces: Namespaces::One(0), payloads: None, ttl_ms: 0, expires_ms: NEVER, timeout_ms: None }
+        UpsertOptions { namespaces: Namespaces::One(0), payloads: None, fields: None, ttl_ms: 0, expires_ms: NEVER, timeout_ms: None }
     }
 }
 

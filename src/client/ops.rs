@@ -46,6 +46,14 @@ impl Kalos {
                 }
             }
         }
+        if let Some(f) = opts.fields {
+            if f.len() != n {
+                return Err(Error::new(Status::InvalidArgument, format!("{} field lists for {n} ids", f.len())));
+            }
+            for (i, fl) in f.iter().enumerate() {
+                crate::meta::check_item_fields(fl, ids[i])?;
+            }
+        }
         if opts.expires_ms != NEVER && opts.expires_ms <= now_unix_ms() {
             return Err(Error::new(Status::InvalidArgument, format!("expiry {} (unix ms) is in the past", opts.expires_ms)));
         }
@@ -57,7 +65,8 @@ impl Kalos {
             let mut size = 0usize;
             let mut i1 = i0;
             while i1 < n {
-                let p = opts.payloads.as_ref().and_then(|p| p[i1]).map_or(0, |b| b.len());
+                let p = opts.payloads.as_ref().and_then(|p| p[i1]).map_or(0, |b| b.len())
+                    + opts.fields.map_or(0, |f| request::fields_section_bytes(Some(&f[i1..i1 + 1])));
                 if i1 > i0 && size + item_fixed + p > cap {
                     break;
                 }
@@ -84,6 +93,7 @@ impl Kalos {
                 &ids[i0..i1],
                 &vectors[i0 * self.dim..i1 * self.dim],
                 payloads,
+                opts.fields.map(|f| &f[i0..i1]),
             );
             self.call(&w.buf, opts.timeout_ms, |_| Ok(()))?;
             i0 = i1;
@@ -113,6 +123,22 @@ impl Kalos {
         self.call(&w.buf, None, read_deleted)
     }
 
+    /// Deletes every memory that matches the metadata filter expression `filter` (binary form)
+    /// and, when given, one of `namespaces`; returns how many. The server evaluates the filter,
+    /// so every process sees the same result.
+    pub fn delete_where(&self, namespaces: Option<&[u64]>, filter: &[u8]) -> Result<u64> {
+        crate::filter::Expr::decode(filter)?;
+        if let Some(ns) = namespaces {
+            crate::types::Filter::new(ns)?;
+        }
+        let mut w = Writer::new();
+        request::delete_where(&mut w, namespaces, filter);
+        if w.len() + HEAD_RESERVE > self.seg.data_bytes() {
+            return Err(Error::new(Status::TooLarge, format!("a filter of {} bytes does not fit the slot size", filter.len())));
+        }
+        self.call(&w.buf, None, read_deleted)
+    }
+
     /// Deletes every memory; returns how many.
     pub fn clear(&self) -> Result<u64> {
         let mut w = Writer::new();
@@ -123,7 +149,7 @@ impl Kalos {
     /// Fetches memories by id. An unknown id fails the call with `NotFound` naming it.
     pub fn get(&self, ids: &[u64]) -> Result<Vec<Record>> {
         let mut out = Vec::with_capacity(ids.len());
-        let per = record_bytes(self.dim, self.max_payload_bytes());
+        let per = record_bytes(self.dim, self.max_payload_bytes()) + crate::meta::MAX_ITEM_FIELD_BYTES;
         let chunk = (self.seg.data_bytes() / per).max(1);
         for part in ids.chunks(chunk) {
             let mut w = Writer::new();

@@ -7,7 +7,7 @@ use super::slot::Finite;
 use super::{Kalos, PayloadHit, RecallOptions};
 use crate::error::{Error, Result, Status};
 use crate::types::{check_finite, check_k, Hit, MAX_FILTER_NAMESPACES, MAX_K};
-use crate::wire::request::{recall_head, vector_bytes, HEAD_RESERVE};
+use crate::wire::request::{filter_bytes, recall_head, vector_bytes, HEAD_RESERVE};
 use crate::wire::response::{read_recall_batch, read_recall_one, read_recall_payloads, recall_body_len};
 use crate::wire::{f32_bytes, Writer, FLAG_PAYLOADS};
 
@@ -35,6 +35,9 @@ impl Kalos {
                 ));
             }
         }
+        if let Some(f) = &opts.filter {
+            crate::filter::Expr::decode(f)?;
+        }
         if let Some(r) = opts.recency {
             if !(r.weight.is_finite() && (0.0..=1.0).contains(&r.weight)) {
                 return Err(Error::new(Status::InvalidArgument, format!("recency weight {} must be in [0, 1]", r.weight)));
@@ -49,7 +52,7 @@ impl Kalos {
     /// The recall request up to its queries, which follow it in the slot (`call_parts`).
     fn write_recall(&self, w: &mut Writer, nq: usize, k: usize, flags: u32, opts: &RecallOptions) {
         w.clear();
-        recall_head(w, k, nq, flags, opts.namespaces.as_deref(), opts.recency);
+        recall_head(w, k, nq, flags, opts.namespaces.as_deref(), opts.recency, opts.filter.as_deref());
     }
 
     /// Top-k for one query, written into `ids`/`scores` (each at least `min(k, len)` long);
@@ -119,7 +122,8 @@ impl Kalos {
         // Finiteness is checked while the queries are copied into the slot (one pass).
         self.check_recall_opts(opts)?;
         // Queries per request: bounded by the request (queries) and the response (k hits each).
-        let fixed = HEAD_RESERVE + 8 * opts.namespaces.as_ref().map_or(0, |n| n.len());
+        let fixed =
+            HEAD_RESERVE + 8 * opts.namespaces.as_ref().map_or(0, |n| n.len()) + opts.filter.as_ref().map_or(0, |f| filter_bytes(f.len()));
         let per_q = vector_bytes(self.dim).max(recall_body_len(1, k));
         let chunk = ((self.seg.data_bytes().saturating_sub(fixed)) / per_q).max(1);
         let mut q0 = 0;

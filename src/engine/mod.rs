@@ -228,8 +228,9 @@ pub fn reference_search(store: &Store, req: &SearchRequest<'_>) -> Vec<Vec<(f64,
     for qi in 0..req.nq {
         let q = &req.queries[qi * dim..(qi + 1) * dim];
         let mut all: Vec<(f64, u64)> = Vec::new();
+        let allowed = store.filter_rows(req.filter, req.now_ms);
         for row in 0..store.len() {
-            if !req.filter.matches(store.namespaces()[row]) || store.expires_ms()[row] <= req.now_ms {
+            if !allowed.get(row) {
                 continue;
             }
             let x = &store.vectors()[row * dim..(row + 1) * dim];

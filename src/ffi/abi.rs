@@ -197,6 +197,12 @@ pub struct kalos_recall_params {
     pub recency_half_life_ms: f64,
     /// Deadline of this call in ms (0 = the handle's default).
     pub timeout_ms: u64,
+    /// Metadata filter expression in its binary form (docs/FORMATS.md, "Filter expressions"),
+    /// or NULL (and length 0) for none. Borrowed for the call only. A malformed expression
+    /// fails the call with `KALOS_INVALID_ARGUMENT` before anything is sent to the server.
+    /// A caller whose `struct_size` ends before this field gets no filter.
+    pub filter: *const u8,
+    pub filter_len: usize,
 }
 
 /// The arguments of one `kalos_recall` call in a struct, for `kalos_recall_with`: callers whose
@@ -248,6 +254,13 @@ pub struct kalos_upsert_params {
     pub expires_at_ms: u64,
     /// Deadline of this call in ms (0 = the handle's default).
     pub timeout_ms: u64,
+    /// Metadata fields of every item as one fields block (docs/FORMATS.md, "Metadata fields"),
+    /// or NULL (and length 0) for none. An upsert replaces every field a memory had. A
+    /// malformed block, or a field given a type other than the store's, fails the call with
+    /// `KALOS_INVALID_ARGUMENT` and writes nothing. A caller whose `struct_size` ends before
+    /// this field writes no fields.
+    pub fields: *const u8,
+    pub fields_len: usize,
 }
 
 /// Server statistics filled by `kalos_stats`. Set `struct_size` before the call.
@@ -347,6 +360,8 @@ pub unsafe extern "C" fn kalos_recall_params_init(params: *mut kalos_recall_para
                 _reserved2: 0,
                 recency_half_life_ms: 0.0,
                 timeout_ms: 0,
+                filter: std::ptr::null(),
+                filter_len: 0,
             })
         };
     }
@@ -374,6 +389,8 @@ pub unsafe extern "C" fn kalos_upsert_params_init(params: *mut kalos_upsert_para
                 ttl_ms: 0,
                 expires_at_ms: 0,
                 timeout_ms: 0,
+                fields: std::ptr::null(),
+                fields_len: 0,
             })
         };
     }

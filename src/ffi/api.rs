@@ -156,8 +156,16 @@ unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOpti
     }
     // SAFETY: non-NULL, valid per contract.
     let p = unsafe { &*p };
-    if (p.struct_size as usize) < std::mem::size_of::<kalos_recall_params>() {
+    // Callers built before the filter fields pass the shorter struct: they get no filter.
+    let size = p.struct_size as usize;
+    if size < std::mem::offset_of!(kalos_recall_params, filter) {
         return Err(Error::new(Status::InvalidArgument, "recall params struct_size too small; call kalos_recall_params_init"));
+    }
+    if size >= std::mem::size_of::<kalos_recall_params>() && (!p.filter.is_null() || p.filter_len > 0) {
+        // SAFETY: caller promises filter_len readable bytes.
+        let f = unsafe { slice(p.filter, p.filter_len, "params.filter") }?;
+        crate::filter::Expr::decode(f)?;
+        o.filter = Some(f.to_vec());
     }
     if !p.namespaces.is_null() || p.namespaces_len > 0 {
         // SAFETY: caller promises namespaces_len readable entries.
@@ -447,11 +455,18 @@ pub unsafe extern "C" fn kalos_upsert(
         let vectors = unsafe { slice(vectors, vectors_len, "vectors") }?;
         let mut o = UpsertOptions::default();
         let mut payload_storage: Vec<Option<&[u8]>> = Vec::new();
+        let mut field_storage: Vec<Vec<crate::meta::Field>> = Vec::new();
         if !params.is_null() {
             // SAFETY: non-NULL, initialised per contract.
             let p = unsafe { &*params };
-            if (p.struct_size as usize) < std::mem::size_of::<kalos_upsert_params>() {
+            let size = p.struct_size as usize;
+            if size < std::mem::offset_of!(kalos_upsert_params, fields) {
                 return Err(Error::new(Status::InvalidArgument, "upsert params struct_size too small; call kalos_upsert_params_init"));
+            }
+            if size >= std::mem::size_of::<kalos_upsert_params>() && (!p.fields.is_null() || p.fields_len > 0) {
+                // SAFETY: contract of this function.
+                let b = unsafe { slice(p.fields, p.fields_len, "params.fields") }?;
+                field_storage = crate::meta::decode_fields_block(b, ids.len())?;
             }
             o.namespaces = if p.namespaces.is_null() {
                 Namespaces::One(p.namespace_id)
@@ -484,6 +499,9 @@ pub unsafe extern "C" fn kalos_upsert(
             o.ttl_ms = p.ttl_ms;
             o.expires_ms = if p.expires_at_ms == 0 { NEVER } else { p.expires_at_ms };
             o.timeout_ms = if p.timeout_ms == 0 { None } else { Some(p.timeout_ms) };
+        }
+        if !field_storage.is_empty() {
+            o.fields = Some(&field_storage);
         }
         h.upsert(ids, vectors, &o)
     })
@@ -541,6 +559,107 @@ pub unsafe extern "C" fn kalos_clear(h: *const kalos_handle, deleted: *mut u64) 
         if !deleted.is_null() {
             // SAFETY: non-NULL, writable.
             unsafe { *deleted = n };
+        }
+        Ok(())
+    })
+}
+
+/// Deletes every memory that matches the metadata filter expression `filter` (binary form,
+/// docs/FORMATS.md) and, when `namespaces` is not NULL, lies in one of its `namespaces_len`
+/// namespaces (at most 64). The server evaluates the filter, so the same memories are deleted
+/// whichever process asks. Writes the number deleted to `*deleted` (may be NULL). A malformed
+/// expression is `KALOS_INVALID_ARGUMENT` and deletes nothing. Thread-safe.
+///
+/// # Safety
+/// `filter` readable for `filter_len` bytes (NULL gives `KALOS_NULL_POINTER`); `namespaces`
+/// NULL or readable for `namespaces_len`; `deleted` NULL or writable. Nothing is kept after
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_delete_where(
+    h: *const kalos_handle,
+    namespaces: *const u64,
+    namespaces_len: usize,
+    filter: *const u8,
+    filter_len: usize,
+    deleted: *mut u64,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        if filter.is_null() {
+            return Err(Error::new(Status::NullPointer, "filter is NULL"));
+        }
+        // SAFETY: contract of this function.
+        let f = unsafe { slice(filter, filter_len, "filter") }?;
+        let ns = if namespaces.is_null() {
+            None
+        } else {
+            // SAFETY: contract of this function.
+            Some(unsafe { slice(namespaces, namespaces_len, "namespaces") }?)
+        };
+        let n = h.delete_where(ns, f)?;
+        if !deleted.is_null() {
+            // SAFETY: non-NULL, writable.
+            unsafe { *deleted = n };
+        }
+        Ok(())
+    })
+}
+
+/// Fetches the metadata fields of memories by id, each as `count u16 | (name, value)*`
+/// (docs/FORMATS.md, "Metadata fields"), packed into `buf` with one length per id in `lens`.
+/// `*needed` (may be NULL) gets the bytes needed, also when the call returns
+/// `KALOS_BUFFER_TOO_SMALL`. An unknown id fails the call with `KALOS_NOT_FOUND` naming it.
+/// Thread-safe.
+///
+/// # Safety
+/// `ids` readable for `ids_len`; `buf` writable for `buf_len` (may be NULL when `buf_len` is
+/// 0); `lens` writable for `lens_len` (≥ `ids_len`); `needed` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_get_fields(
+    h: *const kalos_handle,
+    ids: *const u64,
+    ids_len: usize,
+    buf: *mut u8,
+    buf_len: usize,
+    lens: *mut u32,
+    lens_len: usize,
+    needed: *mut usize,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: contract of this function.
+        let ids = unsafe { slice(ids, ids_len, "ids") }?;
+        if lens_len < ids.len() {
+            return Err(Error::new(Status::BufferTooSmall, format!("lens_len {lens_len} < {}", ids.len())));
+        }
+        let recs = h.get(ids)?;
+        let enc: Vec<Vec<u8>> = recs
+            .iter()
+            .map(|r| {
+                let mut b = Vec::new();
+                crate::meta::encode_item(&mut b, &r.fields);
+                b
+            })
+            .collect();
+        let total: usize = enc.iter().map(|b| b.len()).sum();
+        if !needed.is_null() {
+            // SAFETY: non-NULL, writable.
+            unsafe { *needed = total };
+        }
+        if total > buf_len {
+            return Err(Error::new(Status::BufferTooSmall, format!("fields need {total} bytes; buf_len is {buf_len}")));
+        }
+        // SAFETY: contract of this function.
+        let l = unsafe { slice_mut(lens, lens_len, "lens") }?;
+        // SAFETY: contract of this function.
+        let out = unsafe { slice_mut(buf, buf_len, "buf") }?;
+        let mut o = 0;
+        for (i, b) in enc.iter().enumerate() {
+            out[o..o + b.len()].copy_from_slice(b);
+            o += b.len();
+            l[i] = b.len() as u32;
         }
         Ok(())
     })

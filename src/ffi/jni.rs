@@ -182,6 +182,7 @@ fn recall_opts(env: &Env, ns: &JLongArray, weight: jfloat, half_life_ms: jdouble
     Ok(RecallOptions {
         namespaces: opt_long_vec(env, ns)?,
         recency: if weight != 0.0 { Some(Recency { weight, half_life_ms }) } else { None },
+        filter: None,
         timeout_ms: timeout_opt(timeout_ms)?,
     })
 }
@@ -620,6 +621,7 @@ pub extern "system" fn Java_io_kalos_Native_upsert<'l>(
             }
         };
         let opts = UpsertOptions {
+            fields: None,
             namespaces: match &per_ns {
                 Some(v) => Namespaces::PerItem(v),
                 None => Namespaces::One(namespace as u64),

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::record::{decode_rows, encode_rows, FileHeader, Kind, REC_HEADER};
+use super::record::{decode_rows, encode_rows, FileHeader, Kind, FORMAT_VERSION, REC_HEADER};
 use super::snapshot::{encode_snapshot as encode_snapshot_to, load_snapshot_bytes};
 use super::wal::{apply_record, encode_record as encode_record_to, scan_log};
 use super::WalOp;
@@ -30,7 +30,7 @@ pub struct Header {
 /// The 48-byte header of a snapshot (`snapshot`) or a log.
 pub fn encode_header(snapshot: bool, h: Header) -> Vec<u8> {
     let kind = if snapshot { Kind::Snap } else { Kind::Wal };
-    FileHeader { kind, dim: h.dim, metric: h.metric, generation: h.generation, seq: h.seq }.encode()
+    FileHeader { kind, version: FORMAT_VERSION, dim: h.dim, metric: h.metric, generation: h.generation, seq: h.seq }.encode()
 }
 
 /// Decodes the header at the start of `b` (a snapshot when `snapshot`, else a log).

@@ -285,7 +285,14 @@ impl Persist {
         let g = self.gen + 1;
         let name = wal_name(g);
         let path = self.dir.join(&name);
-        let hdr = FileHeader { kind: Kind::Wal, dim: self.dim as u32, metric: self.metric as u32, generation: g, seq: self.next_seq };
+        let hdr = FileHeader {
+            kind: Kind::Wal,
+            version: FORMAT_VERSION,
+            dim: self.dim as u32,
+            metric: self.metric as u32,
+            generation: g,
+            seq: self.next_seq,
+        };
         let mut wal = self.dir.open_file(&name, OpenMode::Truncate)?;
         wal.write_all(&hdr.encode()).map_err(|e| io_err("write", &path, e))?;
         wal.sync_all().map_err(|e| io_err("fsync", &path, e))?;

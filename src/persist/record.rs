@@ -9,9 +9,13 @@ use crate::error::{Error, Result, Status};
 use crate::store::UpsertItem;
 use crate::types::Metric;
 
-/// Format version of both file kinds.
+/// Format version of both file kinds that this build writes. Version 2 added the metadata fields
+/// section of row blocks; a version 1 file is a version 2 file without it, so both are read.
 /// cbindgen:ignore
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest format version this build reads.
+/// cbindgen:ignore
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 const WAL_MAGIC: &[u8; 8] = b"KALOSWAL";
 const SNAP_MAGIC: &[u8; 8] = b"KALOSSNP";
 /// File header size (both kinds).
@@ -51,6 +55,8 @@ pub(super) enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FileHeader {
     pub(super) kind: Kind,
+    /// Format version read from the file ([`FORMAT_VERSION`] for a header to write).
+    pub(super) version: u32,
     pub(super) dim: u32,
     pub(super) metric: u32,
     pub(super) generation: u64,
@@ -62,7 +68,7 @@ impl FileHeader {
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_BYTES);
         b.extend_from_slice(if self.kind == Kind::Wal { WAL_MAGIC } else { SNAP_MAGIC });
-        put_u32(&mut b, FORMAT_VERSION);
+        put_u32(&mut b, self.version);
         put_u32(&mut b, self.dim);
         put_u32(&mut b, self.metric);
         put_u32(&mut b, 0);
@@ -86,19 +92,21 @@ impl FileHeader {
             return Err(corrupt(path, 40, "header checksum mismatch"));
         }
         let v = get_u32(b, 8);
-        if v != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&v) {
             return Err(Error::new(
                 Status::VersionMismatch,
-                format!("{}: format version {v}; this build reads version {FORMAT_VERSION}", path.display()),
+                format!("{}: format version {v}; this build reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}", path.display()),
             ));
         }
-        Ok(FileHeader { kind, dim: get_u32(b, 12), metric: get_u32(b, 16), generation: get_u64(b, 24), seq: get_u64(b, 32) })
+        Ok(FileHeader { kind, version: v, dim: get_u32(b, 12), metric: get_u32(b, 16), generation: get_u64(b, 24), seq: get_u64(b, 32) })
     }
 }
 
 /// Appends the columnar encoding of `items` (shared by upsert records and snapshot blocks):
 /// `count u32 | ids u64[n] | ns u64[n] | created u64[n] | expires u64[n] | plen u32[n] |
-/// vectors f32[n*dim] | payload bytes (concatenated)`.
+/// vectors f32[n*dim] | payload bytes (concatenated) | [fields]`, where the fields section
+/// (`count u16 | (name, value)*` per row, in row order) is present only when some row has a
+/// field: a block without fields is byte for byte a version 1 block.
 pub(super) fn encode_rows(b: &mut Vec<u8>, items: &[UpsertItem<'_>]) {
     put_u32(b, items.len() as u32);
     for it in items {
@@ -126,6 +134,11 @@ pub(super) fn encode_rows(b: &mut Vec<u8>, items: &[UpsertItem<'_>]) {
             b.extend_from_slice(p);
         }
     }
+    if items.iter().any(|it| !it.fields.is_empty()) {
+        for it in items {
+            crate::meta::encode_item(b, it.fields);
+        }
+    }
 }
 
 /// Decoded rows (owned), convertible to `UpsertItem`s.
@@ -137,6 +150,8 @@ pub(super) struct Rows {
     plen: Vec<u32>,
     vectors: Vec<f32>,
     payloads: Vec<u8>,
+    /// One list per row, or empty when the block has no fields section.
+    fields: Vec<Vec<crate::meta::Field>>,
 }
 
 impl Rows {
@@ -158,6 +173,7 @@ impl Rows {
                     payload,
                     created_ms: self.created[i],
                     expires_ms: self.expires[i],
+                    fields: self.fields.get(i).map_or(&[][..], |f| f.as_slice()),
                 }
             })
             .collect()
@@ -190,10 +206,22 @@ pub(super) fn decode_rows(b: &[u8], dim: usize) -> std::result::Result<Rows, Str
     let vectors: Vec<f32> = b[o..o + n * dim * 4].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     o += n * dim * 4;
     let ptotal: usize = plen.iter().filter(|&&l| l != NO_PAYLOAD).map(|&l| l as usize).sum();
-    if o + ptotal != b.len() {
+    if o + ptotal > b.len() {
         return Err(format!("payloads need {ptotal} bytes; {} remain", b.len() - o));
     }
-    Ok(Rows { ids, ns, created, expires, plen, vectors, payloads: b[o..].to_vec() })
+    let payloads = b[o..o + ptotal].to_vec();
+    o += ptotal;
+    let mut fields = Vec::new();
+    if o < b.len() {
+        let mut c = crate::meta::Cursor::new(&b[o..], "fields section");
+        for _ in 0..n {
+            fields.push(crate::meta::decode_item(&mut c).map_err(|e| e.message)?);
+        }
+        if c.remaining() != 0 {
+            return Err(format!("{} bytes after the fields section", c.remaining()));
+        }
+    }
+    Ok(Rows { ids, ns, created, expires, plen, vectors, payloads, fields })
 }
 
 /// Checks that a file's header matches the store's dimension and metric.
@@ -220,7 +248,7 @@ mod tests {
 
     #[test]
     fn header_roundtrip_and_damage() {
-        let h = FileHeader { kind: Kind::Wal, dim: 7, metric: 1, generation: 3, seq: 99 };
+        let h = FileHeader { kind: Kind::Wal, version: FORMAT_VERSION, dim: 7, metric: 1, generation: 3, seq: 99 };
         let b = h.encode();
         assert_eq!(FileHeader::decode(Path::new("x"), &b, Kind::Wal).unwrap(), h);
         let mut c = b.clone();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::dir::{io_err, snap_name, wal_name, DataDir, OpenMode};
-use super::record::{check_shape, corrupt, FileHeader, Kind, HEADER_BYTES, REC_HEADER};
+use super::record::{check_shape, corrupt, FileHeader, Kind, FORMAT_VERSION, HEADER_BYTES, REC_HEADER};
 use super::snapshot::load_snapshot;
 use super::wal::{apply_record, scan_log};
 use super::{Persist, PersistOptions, Recovery, DEFAULT_COMPACT_MIN_BYTES};
@@ -73,6 +73,8 @@ impl Persist {
         let mut next_seq = snap_seq;
         let mut last_gen = gen;
         let mut wal_len = 0u64;
+        // The header of the last log read, to bring an older format version up to date.
+        let mut last_hdr: Option<FileHeader> = None;
         for (i, &g) in chain.iter().enumerate() {
             let last = i + 1 == chain.len();
             let path = dir.join(&wal_name(g));
@@ -94,6 +96,7 @@ impl Persist {
             }
             let h = FileHeader::decode(&path, b, Kind::Wal)?;
             check_shape(&path, &h, dim as u32, metric as u32)?;
+            last_hdr = Some(h);
             if h.generation != g || h.seq != next_seq {
                 return Err(corrupt(
                     &path,
@@ -136,7 +139,14 @@ impl Persist {
             }
         }
         let wal_path = dir.join(&wal_name(last_gen));
-        let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: last_gen, seq: next_seq };
+        let hdr = FileHeader {
+            kind: Kind::Wal,
+            version: FORMAT_VERSION,
+            dim: dim as u32,
+            metric: metric as u32,
+            generation: last_gen,
+            seq: next_seq,
+        };
         let mut wal = dir.open_file(&wal_name(last_gen), OpenMode::ReadWrite)?;
         if wal_len < HEADER_BYTES as u64 {
             wal.set_len(0).map_err(|e| io_err("truncate", &wal_path, e))?;
@@ -146,6 +156,15 @@ impl Persist {
             dir.fsync()?;
         } else if rec.torn_tail.is_some() {
             wal.set_len(wal_len).map_err(|e| io_err("truncate", &wal_path, e))?;
+            wal.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
+        }
+        if let Some(h) = last_hdr.filter(|h| h.version < FORMAT_VERSION && wal_len >= HEADER_BYTES as u64) {
+            // The log continues in this build's format: its header takes the current version
+            // (the records of an older version are records of this one without fields, so the
+            // file stays readable as a whole; an older build then refuses it by its version).
+            use std::os::unix::fs::FileExt;
+            let up = FileHeader { version: FORMAT_VERSION, ..h };
+            wal.write_all_at(&up.encode(), 0).map_err(|e| io_err("write", &wal_path, e))?;
             wal.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;
         }
         use std::io::Seek;

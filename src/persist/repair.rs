@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::dir::{io_err, snap_name, wal_name, DataDir, OpenMode};
-use super::record::{FileHeader, Kind, HEADER_BYTES, REC_HEADER};
+use super::record::{FileHeader, Kind, FORMAT_VERSION, HEADER_BYTES, REC_HEADER};
 use super::snapshot::{load_snapshot, write_snapshot};
 use super::wal::{apply_record, record_at, scan_log};
 use crate::error::{Error, Result, Status};
@@ -208,7 +208,7 @@ pub fn repair(dir_path: &Path) -> Result<RepairReport> {
     let g = newest + 1;
     let next_seq = seq.unwrap_or(0);
     let wal_path = dir.join(&wal_name(g));
-    let hdr = FileHeader { kind: Kind::Wal, dim: dim as u32, metric: metric as u32, generation: g, seq: next_seq };
+    let hdr = FileHeader { kind: Kind::Wal, version: FORMAT_VERSION, dim: dim as u32, metric: metric as u32, generation: g, seq: next_seq };
     let mut w = dir.open_file(&wal_name(g), OpenMode::Truncate)?;
     w.write_all(&hdr.encode()).map_err(|e| io_err("write", &wal_path, e))?;
     w.sync_all().map_err(|e| io_err("fsync", &wal_path, e))?;

@@ -7,9 +7,10 @@ use std::path::Path;
 use super::crc::{crc32c, crc32c_update};
 use super::dir::{io_err, snap_name, DataDir, OpenMode};
 use super::record::{
-    check_shape, corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u64, FileHeader, Kind, HEADER_BYTES, REC_HEADER,
+    check_shape, corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u64, FileHeader, Kind, FORMAT_VERSION, HEADER_BYTES, REC_HEADER,
 };
 use crate::error::{Error, Result};
+use crate::meta::{Columns, Field};
 use crate::store::{Store, UpsertItem};
 use crate::types::Metric;
 
@@ -30,6 +31,8 @@ pub(super) trait SnapSource {
     fn payload(&self, r: usize) -> Option<&[u8]>;
     /// The vector as the caller wrote it.
     fn vector(&self, r: usize) -> Vec<f32>;
+    /// The metadata fields of row r.
+    fn fields(&self, r: usize) -> Vec<Field>;
 }
 
 impl SnapSource for Store {
@@ -60,6 +63,9 @@ impl SnapSource for Store {
     fn vector(&self, r: usize) -> Vec<f32> {
         self.vector_of_row(r)
     }
+    fn fields(&self, r: usize) -> Vec<Field> {
+        Store::fields(self).row(r)
+    }
 }
 
 /// A copy of the store's columns, taken by the server thread (a memcpy of the table) so that a
@@ -74,6 +80,7 @@ pub(super) struct TableCopy {
     created: Vec<u64>,
     expires: Vec<u64>,
     payloads: Vec<Option<Box<[u8]>>>,
+    fields: Columns,
 }
 
 impl TableCopy {
@@ -88,6 +95,7 @@ impl TableCopy {
             created: s.created_ms().to_vec(),
             expires: s.expires_ms().to_vec(),
             payloads: (0..s.len()).map(|r| s.payload_at(r).map(Box::from)).collect(),
+            fields: s.fields().clone(),
         }
     }
 }
@@ -125,6 +133,9 @@ impl SnapSource for TableCopy {
             _ => v.to_vec(),
         }
     }
+    fn fields(&self, r: usize) -> Vec<Field> {
+        self.fields.row(r)
+    }
 }
 
 /// Writes the whole store as snapshot generation `gen` covering sequence numbers `< seq`:
@@ -155,7 +166,14 @@ fn write_snapshot_to<S: SnapSource>(dir: &DataDir, f: std::fs::File, tmp_name: &
 /// Writes the snapshot bytes of `store` (generation `gen`, sequence numbers `< seq`) to `w`:
 /// the header, blocks of about `SNAP_BLOCK_BYTES`, the end block. Returns the bytes written.
 pub(super) fn encode_snapshot<S: SnapSource, W: Write>(w: &mut W, gen: u64, seq: u64, store: &S) -> std::io::Result<u64> {
-    let hdr = FileHeader { kind: Kind::Snap, dim: store.dim() as u32, metric: store.metric() as u32, generation: gen, seq };
+    let hdr = FileHeader {
+        kind: Kind::Snap,
+        version: FORMAT_VERSION,
+        dim: store.dim() as u32,
+        metric: store.metric() as u32,
+        generation: gen,
+        seq,
+    };
     let mut total = 0u64;
     w.write_all(&hdr.encode())?;
     total += HEADER_BYTES as u64;
@@ -165,18 +183,25 @@ pub(super) fn encode_snapshot<S: SnapSource, W: Write>(w: &mut W, gen: u64, seq:
     let mut row = 0usize;
     let n = store.n();
     let mut vecs: Vec<Vec<f32>> = Vec::new();
+    let mut flds: Vec<Vec<Field>> = Vec::new();
     loop {
         // One block: as many rows as fit in ~SNAP_BLOCK_BYTES (at least one), then an end block.
         let start = row;
         let mut bytes = 0usize;
         vecs.clear();
+        flds.clear();
         while row < n && (row == start || bytes + per_row + store.payload(row).map_or(0, |p| p.len()) <= SNAP_BLOCK_BYTES) {
             bytes += per_row + store.payload(row).map_or(0, |p| p.len());
             vecs.push(store.vector(row));
+            let f = store.fields(row);
+            // Encoded size: 2 bytes of count, name and value bytes (close enough to bound a block).
+            bytes += 2 + f.iter().map(|x| 2 + x.name.len() + 16).sum::<usize>();
+            flds.push(f);
             row += 1;
         }
         let items: Vec<UpsertItem<'_>> = (start..row)
             .map(|r| UpsertItem {
+                fields: &flds[r - start],
                 id: store.id(r),
                 namespace: store.ns(r),
                 vector: &vecs[r - start],
@@ -239,7 +264,7 @@ pub(super) fn load_snapshot_bytes(
         // the log); the snapshot's sequence number is then unknown (u64::MAX).
         (Err(e), Some((dim, metric))) if salvage && b.len() >= HEADER_BYTES => {
             notes.push(format!("{}: header unreadable ({e}); its blocks were read with dimension {dim}", path.display()));
-            FileHeader { kind: Kind::Snap, dim, metric, generation: u64::MAX, seq: u64::MAX }
+            FileHeader { kind: Kind::Snap, version: FORMAT_VERSION, dim, metric, generation: u64::MAX, seq: u64::MAX }
         }
         (Err(e), _) => return Err(e),
     };

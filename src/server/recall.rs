@@ -45,7 +45,7 @@ impl Server {
     /// Reads and checks one recall request.
     fn parse_recall<'a>(&self, p: &'a Pending) -> Result<Parsed<'a>> {
         let mut r = Reader::new(p.body());
-        let RecallHead { k, nq, flags, namespaces, recency_weight: w, half_life_ms: hl } = RecallHead::decode(&mut r)?;
+        let RecallHead { k, nq, flags, namespaces, recency_weight: w, half_life_ms: hl, filter: expr } = RecallHead::decode(&mut r)?;
         // The answer must fit the slot it goes back through: refused before any work (nq * k
         // hits take 12 bytes each, plus 4 per query).
         let reply = nq.checked_mul(k).map(|t| crate::wire::response::recall_body_len(nq, t));
@@ -59,10 +59,15 @@ impl Server {
                 ),
             ));
         }
-        let filter = match &namespaces {
+        let mut filter = match &namespaces {
             None => Filter::all(),
             Some(ns) => Filter::new(ns)?,
         };
+        if let Some(e) = &expr {
+            // Decoded and checked here, on the server's private copy: a malformed expression is
+            // this request's INVALID_ARGUMENT and never reaches the engine.
+            filter = filter.with_expr(e)?;
+        }
         let recency = if w == 0.0 {
             None
         } else {
@@ -117,7 +122,7 @@ impl Server {
             jobs: Vec<RecallJob>,
             k: usize,
         }
-        type Key = (Option<Vec<u64>>, u32, u64);
+        type Key = (Option<Vec<u64>>, Option<Vec<u8>>, u32, u64);
         let mut groups: Vec<Group<'_>> = Vec::new();
         // The first group's key is kept aside: a lone recall (the latency path) never hashes.
         let mut first_key: Option<Key> = None;
@@ -136,6 +141,7 @@ impl Server {
                 Ok(Parsed { k, nq, flags, filter, recency, queries: q, slot: None }) => {
                     let key = (
                         filter.namespaces.clone(),
+                        filter.expr.as_ref().map(|e| e.bytes.clone()),
                         recency.map_or(0, |r| r.weight.to_bits()),
                         recency.map_or(0, |r| r.half_life_ms.to_bits()),
                     );

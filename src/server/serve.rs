@@ -11,7 +11,7 @@ use crate::error::{Error, Status};
 use crate::shm::{self, futex};
 use crate::types::now_unix_ms;
 use crate::wire::request::{body_of, op_of, RECALL_HEAD_MAX};
-use crate::wire::{OP_GET, OP_RECALL, OP_STATS};
+use crate::wire::{FLAG_FILTER, OP_GET, OP_RECALL, OP_STATS};
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 /// Busy-poll without yielding for this long after a request (see `run`).
@@ -161,7 +161,9 @@ impl Server {
                 // engine, by DMA, checking them on the device): only the header is copied here.
                 let mut buf = self.free_bufs.pop().unwrap_or_default();
                 seg.read_data(i, &mut buf, RECALL_HEAD_MAX);
-                if op_of(&buf) == OP_RECALL {
+                // A recall with a metadata filter is copied whole (its header has no fixed bound).
+                let flags = buf.get(12..16).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
+                if op_of(&buf) == OP_RECALL && flags & FLAG_FILTER == 0 {
                     self.batch.push(Pending { slot: i, word: p, req: buf, ext: None, slot_len: Some(len) });
                     continue;
                 }

@@ -9,9 +9,9 @@ use crate::error::{Error, Result, Status};
 use crate::persist::WalOp;
 use crate::store::{UpsertItem, NEVER};
 use crate::types::now_unix_ms;
-use crate::wire::request::{decode_ids, decode_namespace, UpsertRequest};
+use crate::wire::request::{decode_delete_where, decode_ids, decode_namespace, UpsertRequest};
 use crate::wire::response::deleted;
-use crate::wire::{OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_UPSERT};
+use crate::wire::{OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_UPSERT};
 
 impl Server {
     /// Runs the batch's writes in slot order, answering each in `results`; then commits the log
@@ -19,7 +19,7 @@ impl Server {
     pub(super) fn run_writes(&mut self, batch: &[Pending], results: &mut [Option<Reply>]) {
         let mut wrote = Vec::new();
         for (i, p) in batch.iter().enumerate() {
-            if let op @ (OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR) = p.op() {
+            if let op @ (OP_UPSERT | OP_DELETE | OP_DELETE_NS | OP_CLEAR | OP_DELETE_WHERE) = p.op() {
                 let r = self.do_write(op, p.body());
                 if r.is_ok() {
                     wrote.push(i);
@@ -65,6 +65,19 @@ impl Server {
                 }
                 Ok(deleted(self.store.delete_namespace(ns) as u64))
             }
+            OP_DELETE_WHERE => {
+                // Resolved to ids here and logged as a plain delete: replay removes exactly the
+                // memories this request removed.
+                let f = decode_delete_where(body)?;
+                let ids = self.store.matching_ids(&f, now_unix_ms());
+                if ids.is_empty() {
+                    return Ok(deleted(0));
+                }
+                if let Some(p) = self.persist.as_mut() {
+                    p.append(&WalOp::Delete(&ids))?;
+                }
+                Ok(deleted(self.store.delete_present(&ids) as u64))
+            }
             OP_CLEAR => {
                 if let Some(p) = self.persist.as_mut() {
                     p.append(&WalOp::Clear)?;
@@ -90,6 +103,7 @@ impl Server {
         }
         let items: Vec<UpsertItem> = (0..n)
             .map(|i| UpsertItem {
+                fields: u.fields.get(i).map_or(&[][..], |f| f.as_slice()),
                 id: u.ids[i],
                 namespace: u.namespaces[i],
                 vector: &u.vectors[i * self.dim..(i + 1) * self.dim],

@@ -98,6 +98,10 @@ impl<'a> Reader<'a> {
     pub fn remaining(&self) -> usize {
         self.b.len() - self.pos
     }
+    /// The bytes not read yet (nothing is consumed).
+    pub fn rest(&self) -> &'a [u8] {
+        &self.b[self.pos..]
+    }
     pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         if n > self.remaining() {
             return Err(malformed(what));

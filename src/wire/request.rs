@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use super::codec::{Reader, Writer, NONE_U32};
 use super::response::DirectOut;
 use crate::error::{Error, Result, Status};
+use crate::meta::{decode_fields_block, encode_fields_block, Field};
 use crate::types::{check_finite, check_k, normalize_queries, Filter, Recency, MAX_FILTER_NAMESPACES};
 
 pub const OP_RECALL: u32 = 1;
@@ -15,9 +16,13 @@ pub const OP_DELETE_NS: u32 = 4;
 pub const OP_GET: u32 = 5;
 pub const OP_STATS: u32 = 6;
 pub const OP_CLEAR: u32 = 7;
+pub const OP_DELETE_WHERE: u32 = 8;
 
 /// RECALL flag: the response carries each hit's payload.
 pub const FLAG_PAYLOADS: u32 = 1;
+/// RECALL flag: a metadata filter expression follows the namespaces (`len u32 | bytes`, padded
+/// with zeros to a multiple of 4 bytes so the queries stay aligned).
+pub const FLAG_FILTER: u32 = 2;
 
 /// Bytes of the op code that starts every request.
 pub const OP_BYTES: usize = 4;
@@ -59,7 +64,17 @@ pub enum Namespaces<'a> {
 
 /// Appends a RECALL request up to its queries (`nq` × dim f32 values, which follow it in the
 /// slot: [`super::f32_bytes`]).
-pub fn recall_head(w: &mut Writer, k: usize, nq: usize, flags: u32, namespaces: Option<&[u64]>, recency: Option<Recency>) {
+/// `filter` (a metadata expression's binary form) sets [`FLAG_FILTER`].
+pub fn recall_head(
+    w: &mut Writer,
+    k: usize,
+    nq: usize,
+    flags: u32,
+    namespaces: Option<&[u64]>,
+    recency: Option<Recency>,
+    filter: Option<&[u8]>,
+) {
+    let flags = if filter.is_some() { flags | FLAG_FILTER } else { flags };
     w.u32(OP_RECALL).u32(k as u32).u32(nq as u32).u32(flags);
     match namespaces {
         None => w.u32(NONE_U32),
@@ -72,10 +87,54 @@ pub fn recall_head(w: &mut Writer, k: usize, nq: usize, flags: u32, namespaces: 
     if let Some(ns) = namespaces {
         w.u64s(ns);
     }
+    if let Some(f) = filter {
+        w.u32(f.len() as u32).bytes(f);
+        w.bytes(&[0u8; 3][..filter_pad(f.len())]);
+    }
+}
+
+/// Zero bytes after a RECALL's filter expression of `len` bytes.
+pub const fn filter_pad(len: usize) -> usize {
+    (4 - len % 4) % 4
+}
+
+/// Bytes a RECALL header takes for a filter expression of `len` bytes.
+pub const fn filter_bytes(len: usize) -> usize {
+    4 + len + filter_pad(len)
+}
+
+/// Bytes of one UPSERT's fields section for `fields` (0 when there are none).
+pub fn fields_section_bytes(fields: Option<&[Vec<Field>]>) -> usize {
+    fields.map_or(0, |f| 4 + encode_fields_block(&f.iter().map(|v| v.as_slice()).collect::<Vec<_>>()).len())
+}
+
+/// Appends a DELETE_WHERE request: delete every memory that matches a filter expression (and
+/// the namespace list, when given).
+pub fn delete_where(w: &mut Writer, namespaces: Option<&[u64]>, filter: &[u8]) {
+    w.u32(OP_DELETE_WHERE);
+    match namespaces {
+        None => w.u32(NONE_U32),
+        Some(ns) => w.u32(ns.len() as u32).u64s(ns),
+    };
+    w.u32(filter.len() as u32).bytes(filter);
+}
+
+/// Reads a DELETE_WHERE body as a checked [`Filter`].
+pub fn decode_delete_where(body: &[u8]) -> Result<Filter> {
+    let mut r = Reader::new(body);
+    let nns = r.u32("namespace count")?;
+    let f = if nns == NONE_U32 { Filter::all() } else { Filter::new(&r.u64s(nns as usize, "namespaces")?)? };
+    let n = r.u32("filter length")? as usize;
+    let f = f.with_expr(r.take(n, "filter")?)?;
+    if r.remaining() != 0 {
+        return Err(Error::new(Status::InvalidArgument, format!("delete-where carries {} trailing bytes", r.remaining())));
+    }
+    Ok(f)
 }
 
 /// Appends an UPSERT request of `ids.len()` items: `vectors` holds their values back to back,
 /// `payloads` (when given) one entry per item.
+#[allow(clippy::too_many_arguments)] // one argument per section of the request, in wire order
 pub fn upsert(
     w: &mut Writer,
     namespaces: Namespaces<'_>,
@@ -84,6 +143,7 @@ pub fn upsert(
     ids: &[u64],
     vectors: &[f32],
     payloads: Option<&[Option<&[u8]>]>,
+    fields: Option<&[Vec<Field>]>,
 ) {
     w.u32(OP_UPSERT).u32(ids.len() as u32);
     w.u32(match namespaces {
@@ -109,6 +169,11 @@ pub fn upsert(
                 w.bytes(b);
             }
         }
+    }
+    // Fields (optional, last): `len u32 | fields block` (docs/FORMATS.md).
+    if let Some(f) = fields {
+        let blk = encode_fields_block(&f.iter().map(|v| v.as_slice()).collect::<Vec<_>>());
+        w.u32(blk.len() as u32).bytes(&blk);
     }
 }
 
@@ -148,6 +213,8 @@ pub struct RecallHead {
     /// 0 = no recency weighting.
     pub recency_weight: f32,
     pub half_life_ms: f64,
+    /// The metadata filter expression (unchecked bytes; [`Filter::with_expr`] checks them).
+    pub filter: Option<Vec<u8>>,
 }
 
 impl RecallHead {
@@ -162,14 +229,24 @@ impl RecallHead {
             return Err(Error::new(Status::InvalidArgument, "recall of zero queries"));
         }
         let flags = r.u32("flags")?;
-        if flags & !FLAG_PAYLOADS != 0 {
+        if flags & !(FLAG_PAYLOADS | FLAG_FILTER) != 0 {
             return Err(Error::new(Status::InvalidArgument, format!("unknown recall flags {flags:#x}")));
         }
         let nns = r.u32("namespace count")?;
         let recency_weight = r.f32("recency weight")?;
         let half_life_ms = r.f64("half life")?;
         let namespaces = if nns == NONE_U32 { None } else { Some(r.u64s(nns as usize, "namespaces")?) };
-        Ok(RecallHead { k, nq, flags, namespaces, recency_weight, half_life_ms })
+        let filter = if flags & FLAG_FILTER != 0 {
+            let n = r.u32("filter length")? as usize;
+            let f = r.take(n, "filter")?.to_vec();
+            if r.take(filter_pad(n), "filter padding")?.iter().any(|&b| b != 0) {
+                return Err(Error::new(Status::InvalidArgument, "recall filter padding is not zero"));
+            }
+            Some(f)
+        } else {
+            None
+        };
+        Ok(RecallHead { k, nq, flags: flags & !FLAG_FILTER, namespaces, recency_weight, half_life_ms, filter })
     }
 }
 
@@ -189,6 +266,8 @@ pub struct UpsertRequest<'a> {
     pub vectors: Vec<f32>,
     /// One per item; borrowed from the request.
     pub payloads: Vec<Option<&'a [u8]>>,
+    /// One per item (empty: no fields), or empty when the request carries none.
+    pub fields: Vec<Vec<Field>>,
     pub ttl_ms: u64,
     pub expires_ms: u64,
 }
@@ -223,10 +302,16 @@ impl<'a> UpsertRequest<'a> {
         } else if has_p != 0 {
             return Err(Error::new(Status::InvalidArgument, "bad payload flag"));
         }
+        let fields = if r.remaining() == 0 {
+            Vec::new()
+        } else {
+            let len = r.u32("fields length")? as usize;
+            decode_fields_block(r.take(len, "fields")?, n)?
+        };
         if r.remaining() != 0 {
             return Err(Error::new(Status::InvalidArgument, format!("upsert carries {} trailing bytes", r.remaining())));
         }
-        Ok(UpsertRequest { namespaces, ids, vectors, payloads, ttl_ms, expires_ms })
+        Ok(UpsertRequest { namespaces, ids, vectors, payloads, fields, ttl_ms, expires_ms })
     }
 }
 
@@ -370,7 +455,7 @@ mod tests {
     fn requests_round_trip() {
         let mut w = Writer::new();
         let rec = Recency { weight: 0.25, half_life_ms: 1000.0 };
-        recall_head(&mut w, 7, 3, FLAG_PAYLOADS, Some(&[4, 2]), Some(rec));
+        recall_head(&mut w, 7, 3, FLAG_PAYLOADS, Some(&[4, 2]), Some(rec), None);
         assert_eq!(w.len(), RECALL_HEAD_BYTES + 16);
         assert_eq!(op_of(&w.buf), OP_RECALL);
         let body = body_of(&w.buf);
@@ -381,7 +466,7 @@ mod tests {
 
         let mut w = Writer::new();
         let (ids, vectors) = ([5u64, 6], [1f32, 2., 3., 4.]);
-        upsert(&mut w, Namespaces::PerItem(&[8, 9]), 10, 20, &ids, &vectors, Some(&[Some(b"ab"), None]));
+        upsert(&mut w, Namespaces::PerItem(&[8, 9]), 10, 20, &ids, &vectors, Some(&[Some(b"ab"), None]), None);
         assert_eq!(op_of(&w.buf), OP_UPSERT);
         let u = UpsertRequest::decode(body_of(&w.buf), 2).unwrap();
         assert_eq!((u.namespaces, u.ids, u.vectors), (vec![8, 9], ids.to_vec(), vectors.to_vec()));

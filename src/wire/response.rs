@@ -41,9 +41,10 @@ pub const fn recall_body_len(nq: usize, total: usize) -> usize {
     recall_scores_at(nq, total) + RECALL_SCORE_BYTES * total
 }
 
-/// Bytes of one GET record with a vector of dimension `dim` and `payload` payload bytes.
+/// Bytes of one GET record with a vector of dimension `dim`, `payload` payload bytes and no
+/// fields (fields add their encoded size, at most `meta::MAX_ITEM_FIELD_BYTES`).
 pub const fn record_bytes(dim: usize, payload: usize) -> usize {
-    8 * 3 + vector_bytes(dim) + 4 + payload
+    8 * 3 + vector_bytes(dim) + 4 + payload + 2
 }
 
 /// Writes a recall response body for `lists` (one hit list per query) at `host`. Returns its
@@ -244,6 +245,9 @@ pub fn write_record(w: &mut Writer, rec: &Record) {
         Some(p) => w.u32(p.len() as u32).bytes(p),
         None => w.u32(NONE_U32),
     };
+    let mut f = Vec::new();
+    crate::meta::encode_item(&mut f, &rec.fields);
+    w.bytes(&f);
 }
 
 /// Reads the next record of a GET response: memory `id`, a vector of dimension `dim`.
@@ -254,7 +258,11 @@ pub fn read_record(r: &mut Reader<'_>, id: u64, dim: usize) -> Result<Record> {
     let vector = r.f32s(dim, "vector")?;
     let l = r.u32("payload length")?;
     let payload = if l == NONE_U32 { None } else { Some(r.take(l as usize, "payload")?.to_vec()) };
-    Ok(Record { id, namespace, vector, payload, created_ms, expires_ms })
+    // The record's fields (`count u16 | (name, value)*`), decoded from the rest of the response.
+    let mut c = crate::meta::Cursor::new(r.rest(), "get fields");
+    let fields = crate::meta::decode_item(&mut c)?;
+    r.take(c.o, "fields")?;
+    Ok(Record { id, namespace, vector, payload, created_ms, expires_ms, fields })
 }
 
 /// The response of DELETE, DELETE_NS and CLEAR: the number of memories deleted.
@@ -406,7 +414,15 @@ mod tests {
         encode_recall_payloads(&mut w, std::iter::once(&hits[..]), |h| (h.id == 2).then_some(&b"two"[..]));
         assert_eq!(read_recall_payloads(&w.buf).unwrap(), vec![(hits[0], None), (hits[1], Some(&b"two"[..]))]);
 
-        let rec = Record { id: 5, namespace: 6, vector: vec![1.0, 2.0], payload: Some(b"p".to_vec()), created_ms: 7, expires_ms: 8 };
+        let rec = Record {
+            id: 5,
+            namespace: 6,
+            vector: vec![1.0, 2.0],
+            payload: Some(b"p".to_vec()),
+            created_ms: 7,
+            expires_ms: 8,
+            fields: vec![],
+        };
         let mut w = Writer::new();
         write_record(&mut w, &rec);
         assert_eq!(w.len(), record_bytes(2, 1));

@@ -71,7 +71,14 @@ pub fn valid_request(rng: &mut StdRng, dim: usize) -> (Vec<u8>, Vec<Field>) {
                 (rng.random_range(0..3) == 0).then(|| (0..rng.random_range(0..6)).map(|_| rng.random_range(0..4)).collect());
             let recency = (rng.random_range(0..3) == 0)
                 .then(|| Recency { weight: rng.random_range(0.0..1.0), half_life_ms: rng.random_range(1.0..1e6) });
-            request::recall_head(&mut w, k, nq, flags, ns.as_deref(), recency);
+            // Sometimes a metadata filter expression (a valid one; mutations damage it).
+            let filter = (rng.random_range(0..3) == 0).then(|| {
+                use kalos::filter::Expr;
+                use kalos::meta::Value;
+                let leaf = Expr::eq("a", Value::Int(rng.random_range(0..4)));
+                if rng.random() { leaf } else { Expr::Or(vec![leaf, Expr::Not(Box::new(Expr::Exists("b".into())))]) }.encode()
+            });
+            request::recall_head(&mut w, k, nq, flags, ns.as_deref(), recency, filter.as_deref());
             w.f32s(&mutate::vector(rng, nq * dim));
             f.extend([Field::u32(4), Field::u32(8), Field::u32(12), Field::u32(16), Field::u32(20), Field::u64(24)]);
         }
@@ -85,7 +92,16 @@ pub fn valid_request(rng: &mut StdRng, dim: usize) -> (Vec<u8>, Vec<Field>) {
             let with_payloads = rng.random_range(0..3) > 0;
             let ttl = if rng.random() { 0 } else { rng.random_range(1..1_000_000) };
             let expires = if rng.random_range(0..4) > 0 { u64::MAX } else { rng.random() };
-            request::upsert(&mut w, ns.clone(), ttl, expires, &ids, &mutate::vector(rng, n * dim), with_payloads.then_some(&payloads[..]));
+            request::upsert(
+                &mut w,
+                ns.clone(),
+                ttl,
+                expires,
+                &ids,
+                &mutate::vector(rng, n * dim),
+                with_payloads.then_some(&payloads[..]),
+                None,
+            );
             f.extend([Field::u32(4), Field::u32(8), Field::u64(12), Field::u64(20)]);
             let flag = 28 + if matches!(ns, Namespaces::One(_)) { 8 } else { 8 * n } + 8 * n + 4 * n * dim;
             f.push(Field::u32(flag));
@@ -144,7 +160,7 @@ pub fn check_request(input: &[u8]) {
         let used = body.len() - r.remaining();
         let mut w = Writer::new();
         let rec = Recency { weight: h.recency_weight, half_life_ms: h.half_life_ms };
-        request::recall_head(&mut w, h.k, h.nq, h.flags, h.namespaces.as_deref(), Some(rec));
+        request::recall_head(&mut w, h.k, h.nq, h.flags, h.namespaces.as_deref(), Some(rec), h.filter.as_deref());
         assert_eq!(&w.buf[4..], &body[..used], "a recall header re-encodes to its bytes");
         if let Some(ns) = &h.namespaces {
             let _ = kalos::Filter::new(ns);
@@ -170,7 +186,16 @@ pub fn check_request(input: &[u8]) {
         let with_payloads = u32_at(body, flag_at) == 1;
         let ns = if per_item { Namespaces::PerItem(&u.namespaces) } else { Namespaces::One(u.namespaces[0]) };
         let mut w = Writer::new();
-        request::upsert(&mut w, ns, u.ttl_ms, u.expires_ms, &u.ids, &u.vectors, with_payloads.then_some(&u.payloads[..]));
+        request::upsert(
+            &mut w,
+            ns,
+            u.ttl_ms,
+            u.expires_ms,
+            &u.ids,
+            &u.vectors,
+            with_payloads.then_some(&u.payloads[..]),
+            (!u.fields.is_empty()).then_some(&u.fields[..]),
+        );
         assert_eq!(&w.buf[4..], body, "an upsert re-encodes to its bytes");
     }
 
@@ -234,6 +259,11 @@ pub fn gen_response(rng: &mut StdRng) -> Vec<u8> {
                     payload,
                     created_ms: 1,
                     expires_ms: 2,
+                    fields: if rng.random() {
+                        vec![kalos::meta::Field::new("k", kalos::meta::Value::Keyword("v".into()))]
+                    } else {
+                        Vec::new()
+                    },
                 };
                 f.push(Field::u32(4 + w.len() + 24 + 4 * dim));
                 response::write_record(&mut w, &rec);
@@ -329,6 +359,7 @@ fn items<'a>(meta: &[(u64, u64, u64, u64)], data: &'a [(Vec<f32>, Option<Vec<u8>
     meta.iter()
         .zip(data)
         .map(|(&(id, namespace, created_ms, expires_ms), (v, p))| UpsertItem {
+            fields: &[],
             id,
             namespace,
             vector: v,
@@ -818,50 +849,6 @@ pub fn gen_server(rng: &mut StdRng) -> Vec<u8> {
     b
 }
 
-/// Sends `req` through a free slot of `seg`, claiming `claimed` bytes, as a hostile client could
-/// (nothing is checked), and waits for the answer: (status, body).
-fn raw_call(seg: &kalos::shm::Segment, req: &[u8], claimed: u32) -> (u32, Vec<u8>) {
-    use kalos::shm;
-    use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
-    let t0 = Instant::now();
-    loop {
-        for i in 0..seg.slot_count() {
-            let slot = seg.slot(i);
-            let w = slot.state.load(Ordering::Acquire);
-            if shm::state_of(w) != shm::SLOT_FREE {
-                continue;
-            }
-            let claimed_word = shm::pack(std::process::id(), shm::gen_of(w) + 1, shm::SLOT_CLAIMED);
-            if slot.state.compare_exchange(w, claimed_word, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-                continue;
-            }
-            seg.write_data(i, 0, req);
-            slot.req_len.store(claimed, Ordering::Relaxed);
-            let sub = shm::with_state(claimed_word, shm::SLOT_SUBMITTED);
-            slot.state.store(sub, Ordering::SeqCst);
-            let h = seg.header();
-            if h.server_parked.load(Ordering::SeqCst) != 0 {
-                h.doorbell.fetch_add(1, Ordering::SeqCst);
-                shm::futex::wake(&h.doorbell, 1);
-            }
-            let done = shm::with_state(sub, shm::SLOT_DONE);
-            let t1 = Instant::now();
-            while slot.state.load(Ordering::Acquire) != done {
-                assert!(t1.elapsed() < Duration::from_secs(10), "the server stopped answering");
-                std::thread::yield_now();
-            }
-            let st = slot.status.load(Ordering::Acquire);
-            let mut body = Vec::new();
-            seg.read_data(i, &mut body, slot.resp_len.load(Ordering::Acquire) as usize);
-            slot.state.store(shm::pack(0, shm::gen_of(sub), shm::SLOT_FREE), Ordering::SeqCst);
-            return (st, body);
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no free slot");
-        std::thread::yield_now();
-    }
-}
-
 /// One raw request to a server: it answers (within 10 s) with a known status, never PANIC or
 /// INTERNAL, and an OK answer is one the client's parsers accept.
 pub fn check_server(servers: &Servers, input: &[u8]) {
@@ -871,7 +858,7 @@ pub fn check_server(servers: &Servers, input: &[u8]) {
     let (_, seg, _) = &servers.list[input[0] as usize % servers.list.len()];
     let claimed = u32_at(input, 1);
     let req = &input[5..input.len().min(5 + seg.data_bytes())];
-    let (st, body) = raw_call(seg, req, claimed);
+    let (st, body) = crate::raw_slot::raw_call(seg, req, claimed);
     let status = Status::ALL.get(st as usize).copied().unwrap_or_else(|| panic!("unknown status {st}"));
     assert!(!matches!(status, Status::Panic | Status::Internal), "{status:?}: {}", String::from_utf8_lossy(&body));
     if status != Status::Ok || claimed as usize != req.len() {

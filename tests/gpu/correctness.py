@@ -743,6 +743,64 @@ st.close()
     record("env/KALOS_BACKEND=cpu", bool(line) and line[0].split()[1] == "1", out=r.stdout[-300:], err=r.stderr[-300:])
 
 
+def _filters_module():
+    """bindings/python/kalos/filters.py (pure Python), from the staged .gpu/python or the repo."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (os.path.join(here, "python", "kalos", "filters.py"), os.path.join(here, "..", "..", "bindings", "python", "kalos", "filters.py")):
+        if os.path.isfile(p):
+            spec = importlib.util.spec_from_file_location("kalos_filters", p)
+            m = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(m)
+            return m
+    raise FileNotFoundError("kalos/filters.py")
+
+
+def suite_filter(n=200_000, dim=64, nexpr=60):
+    """Metadata filters on a store of the engine under test (docs/GPU.md, "Metadata filters"):
+    random expressions from 50% of rows down to one row, single queries and batches, against
+    a numpy mask of the same expression."""
+    F = _filters_module()
+    users = np.array(["u%d" % i for i in range(100)])
+    for metric in (IP, COSINE, L2):
+        tag = "filter/%s/n=%d/d=%d" % (["ip", "cos", "l2"][metric], n, dim)
+        st = open_store(dim, metric)
+        ref = Ref(dim, metric)
+        X = rng.standard_normal((n, dim)).astype(np.float32)
+        ids = rng.permutation(np.arange(1, 4 * n + 1, dtype=np.uint64))[:n]
+        u = rng.integers(0, 100, n)
+        num = rng.integers(0, 10_000, n)
+        flag = rng.random(n) < 0.5
+        batch = 20_000
+        for s0 in range(0, n, batch):
+            sl = slice(s0, s0 + batch)
+            metas = [{"user": users[a], "n": int(b), "flag": bool(c), "doc": int(d)} for a, b, c, d in zip(u[sl], num[sl], flag[sl], ids[sl])]
+            st.upsert(ids[sl], X[sl], fields=F.encode_fields(metas))
+        ref.upsert(ids, X, t=time.time() * 1000)
+        cases = [
+            ("50%", F.eq("flag", True), flag),
+            ("10%", F.lt("n", 1000), num < 1000),
+            ("1%", F.eq("user", "u7"), u == 7),
+            ("1%-and", F.eq("user", "u7") & F.gte("n", 5000), (u == 7) & (num >= 5000)),
+            ("0.01%", F.lt("n", 1), num < 1),
+            ("one", F.eq("doc", int(ids[n // 2])), ids == ids[n // 2]),
+            ("or-not", F.in_("user", ["u1", "u2"]) | ~F.eq("flag", True), np.isin(u, [1, 2]) | ~flag),
+        ]
+        for _ in range(nexpr):
+            a, b = rng.integers(0, 10_000, 2)
+            lo, hi = min(a, b), max(a, b)
+            cases.append(("range", F.gte("n", int(lo)) & F.lt("n", int(hi)), (num >= lo) & (num < hi)))
+        for cname, expr, mask in cases:
+            fb = expr.encode()
+            q = rng.standard_normal(dim).astype(np.float32)
+            for k in (1, 10, 100, 1024):
+                check("%s/%s/single/k=%d" % (tag, cname, k), ref, q, st.recall(q, k, filter=fb), k, mask=mask)
+            qs = rng.standard_normal((4, dim)).astype(np.float32)
+            for qi, got in enumerate(st.recall_batch(qs, 10, filter=fb)):
+                check("%s/%s/batch/q%d" % (tag, cname, qi), ref, qs[qi], got, 10, mask=mask)
+        st.close()
+
+
 def main():
     which = sys.argv[1:] or ["all"]
     t0 = time.time()
@@ -765,6 +823,7 @@ def main():
         ("gated", suite_gated),
         ("oom", suite_oom),
         ("fault", suite_fault_and_auto),
+        ("filter", suite_filter),
     ]
     for nm, fn in steps:
         if "all" in which or nm in which:

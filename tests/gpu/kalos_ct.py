@@ -32,6 +32,7 @@ class RecallParams(C.Structure):
         ("struct_size", C.c_uint32), ("_reserved", C.c_uint32), ("namespaces", C.POINTER(C.c_uint64)),
         ("namespaces_len", C.c_size_t), ("recency_weight", C.c_float), ("_reserved2", C.c_uint32),
         ("recency_half_life_ms", C.c_double), ("timeout_ms", C.c_uint64),
+        ("filter", C.POINTER(C.c_uint8)), ("filter_len", C.c_size_t),
     ]
 
 
@@ -42,6 +43,7 @@ class UpsertParams(C.Structure):
         ("payloads", C.POINTER(C.c_uint8)), ("payloads_len", C.c_size_t),
         ("payload_lens", C.POINTER(C.c_uint32)), ("payload_lens_len", C.c_size_t),
         ("ttl_ms", C.c_uint64), ("expires_at_ms", C.c_uint64), ("timeout_ms", C.c_uint64),
+        ("fields", C.POINTER(C.c_uint8)), ("fields_len", C.c_size_t),
     ]
 
 
@@ -109,7 +111,7 @@ class Store:
             self.lib.kalos_close(self.h)
             self.h = None
 
-    def upsert(self, ids, vecs, namespaces=None, ttl_ms=0):
+    def upsert(self, ids, vecs, namespaces=None, ttl_ms=0, fields=None):
         ids = np.ascontiguousarray(ids, dtype=np.uint64)
         vecs = np.ascontiguousarray(vecs, dtype=np.float32)
         p = UpsertParams()
@@ -120,6 +122,9 @@ class Store:
             p.namespaces = keep.ctypes.data_as(C.POINTER(C.c_uint64))
             p.namespaces_len = len(keep)
         p.ttl_ms = ttl_ms
+        if fields is not None:  # a fields block (docs/FORMATS.md)
+            fbuf = (C.c_uint8 * len(fields)).from_buffer_copy(fields)
+            p.fields, p.fields_len = C.cast(fbuf, C.POINTER(C.c_uint8)), len(fields)
         self._check(self.lib.kalos_upsert(self.h, ids.ctypes.data, len(ids), vecs.ctypes.data, vecs.size, C.byref(p)))
 
     def upsert_all(self, ids, vecs, namespaces=None, batch=None):
@@ -136,37 +141,42 @@ class Store:
         self._check(self.lib.kalos_delete(self.h, ids.ctypes.data, len(ids), C.byref(d)))
         return d.value
 
-    def _params(self, namespaces, recency):
-        if namespaces is None and recency is None:
+    def _params(self, namespaces, recency, filter=None):
+        if namespaces is None and recency is None and filter is None:
             return None, None
         p = RecallParams()
         self.lib.kalos_recall_params_init(C.byref(p))
         keep = None
+        if filter is not None:  # a filter expression's binary form
+            fbuf = (C.c_uint8 * len(filter)).from_buffer_copy(filter)
+            p.filter, p.filter_len = C.cast(fbuf, C.POINTER(C.c_uint8)), len(filter)
+            keep = [fbuf]
         if namespaces is not None:
-            keep = np.ascontiguousarray(namespaces, dtype=np.uint64)
-            p.namespaces = keep.ctypes.data_as(C.POINTER(C.c_uint64))
-            p.namespaces_len = len(keep)
+            nsa = np.ascontiguousarray(namespaces, dtype=np.uint64)
+            keep = [keep, nsa]
+            p.namespaces = nsa.ctypes.data_as(C.POINTER(C.c_uint64))
+            p.namespaces_len = len(nsa)
         if recency is not None:
             p.recency_weight, p.recency_half_life_ms = recency
         return p, keep
 
-    def recall(self, q, k, namespaces=None, recency=None):
+    def recall(self, q, k, namespaces=None, recency=None, filter=None):
         q = np.ascontiguousarray(q, dtype=np.float32)
         ids = np.empty(k, dtype=np.uint64)
         sc = np.empty(k, dtype=np.float32)
         cnt = C.c_size_t()
-        p, keep = self._params(namespaces, recency)
+        p, keep = self._params(namespaces, recency, filter)
         self._check(self.lib.kalos_recall(self.h, q.ctypes.data, q.size, k, C.byref(p) if p else None,
                                           ids.ctypes.data, k, sc.ctypes.data, k, C.byref(cnt)))
         return ids[:cnt.value], sc[:cnt.value]
 
-    def recall_batch(self, qs, k, namespaces=None, recency=None):
+    def recall_batch(self, qs, k, namespaces=None, recency=None, filter=None):
         qs = np.ascontiguousarray(qs, dtype=np.float32)
         nq = qs.shape[0]
         ids = np.empty(nq * k, dtype=np.uint64)
         sc = np.empty(nq * k, dtype=np.float32)
         cnt = np.empty(nq, dtype=np.uintp)
-        p, keep = self._params(namespaces, recency)
+        p, keep = self._params(namespaces, recency, filter)
         self._check(self.lib.kalos_recall_batch(self.h, qs.ctypes.data, qs.size, nq, k, C.byref(p) if p else None,
                                                 ids.ctypes.data, nq * k, sc.ctypes.data, nq * k, cnt.ctypes.data, nq))
         return [(ids[i * k:i * k + cnt[i]], sc[i * k:i * k + cnt[i]]) for i in range(nq)]

@@ -34,11 +34,12 @@ import threading
 import time
 import weakref
 from ctypes import addressof, byref, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, Iterable, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
 from . import _ffi
+from . import filters as _filters
 from ._version import __version__
 from ._ffi import (
     KALOS_MAX_FILTER_NAMESPACES,
@@ -48,7 +49,7 @@ from ._ffi import (
     library_path,
 )
 from .errors import *  # noqa: F401,F403  (every KalosError subclass)
-from .errors import ERRORS_BY_STATUS, ClosedError, KalosError, KOutOfRangeError, error_for
+from .errors import ERRORS_BY_STATUS, ClosedError, InvalidArgumentError, KalosError, KOutOfRangeError, error_for
 
 # `open` is deliberately absent: `from kalos import *` must not shadow the builtin. Use
 # `kalos.open(...)`.
@@ -190,6 +191,14 @@ def _ms(seconds: Optional[float], what: str) -> int:
         raise ValueError(f"{what} must be a non-negative number of seconds, got {seconds!r}")
     ms = int(round(seconds * 1000.0))
     return max(ms, 1) if seconds > 0 else 0
+
+
+def _filter_bytes(f: Any) -> Optional[bytes]:
+    """A filter argument's binary form; a malformed one is :class:`InvalidArgumentError`."""
+    try:
+        return _filters.as_bytes(f)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"INVALID_ARGUMENT: filter: {e}", STATUS_CODES["INVALID_ARGUMENT"]) from e
 
 
 def status_name(status: int) -> str:
@@ -403,19 +412,27 @@ class Kalos:
         recency_weight: float,
         half_life: Optional[float],
         timeout: Optional[float],
+        filter: Any = None,  # noqa: A002 - the name LangChain and LlamaIndex users know
     ) -> Tuple[Optional[_ffi.kalos_recall_params], Any]:
-        if namespace is None and namespaces is None and not recency_weight and timeout is None:
+        fb = _filter_bytes(filter)
+        if namespace is None and namespaces is None and not recency_weight and timeout is None and fb is None:
             return None, None
         p = _ffi.kalos_recall_params()
         _lib.kalos_recall_params_init(byref(p))
-        keep = None
+        keep: Any = None
+        if fb is not None:
+            fbuf = (ctypes.c_uint8 * max(len(fb), 1)).from_buffer_copy(fb or b"\0")
+            p.filter = ctypes.cast(fbuf, ctypes.POINTER(ctypes.c_uint8))
+            p.filter_len = len(fb)
+            keep = [fbuf]
         if namespace is not None or namespaces is not None:
             ns = [namespace] if namespace is not None else []
             if namespaces is not None:
                 ns.extend(namespaces)
-            keep = _u64_1d(ns)
-            p.namespaces = keep.ctypes.data_as(ctypes.POINTER(c_uint64))
-            p.namespaces_len = keep.shape[0]
+            nsa = _u64_1d(ns)
+            keep = [keep, nsa]
+            p.namespaces = nsa.ctypes.data_as(ctypes.POINTER(c_uint64))
+            p.namespaces_len = nsa.shape[0]
         if recency_weight:
             p.recency_weight = recency_weight
             p.recency_half_life_ms = (half_life or 0.0) * 1000.0
@@ -433,6 +450,7 @@ class Kalos:
         recency_weight: float = ...,
         half_life: Optional[float] = ...,
         timeout: Optional[float] = ...,
+        filter: Any = ...,
         payloads: Literal[False] = ...,
     ) -> Tuple[np.ndarray, np.ndarray]: ...
 
@@ -447,6 +465,7 @@ class Kalos:
         recency_weight: float = ...,
         half_life: Optional[float] = ...,
         timeout: Optional[float] = ...,
+        filter: Any = ...,
         payloads: Literal[True],
     ) -> Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]: ...
 
@@ -460,6 +479,7 @@ class Kalos:
         recency_weight: float = 0.0,
         half_life: Optional[float] = None,
         timeout: Optional[float] = None,
+        filter: Any = None,  # noqa: A002
         payloads: bool = False,
     ) -> Union[Tuple[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]]:
         """Top-``k`` memories most similar to ``query``.
@@ -471,6 +491,9 @@ class Kalos:
             recency_weight: w in [0, 1]; score' = (1-w)·score + w·2^(-age/half_life).
             half_life: recency half-life in seconds (> 0 when recency_weight > 0).
             timeout: deadline of this call in seconds (default: the handle's).
+            filter: a metadata filter: a :class:`kalos.filters.Expr`, a Mongo-style dict
+                (``{"user": "ann", "n": {"$gte": 3}}``, see :func:`kalos.filters.from_dict`) or
+                its binary form. Applied inside the scan: ``min(k, matching memories)`` hits.
             payloads: also return each hit's payload (bytes, or None).
 
         Returns:
@@ -479,12 +502,13 @@ class Kalos:
             ``payloads`` as a third item when asked for.
         """
         if payloads:
-            return self._recall_payloads(query, k, namespace, namespaces, recency_weight, half_life, timeout)
+            return self._recall_payloads(query, k, namespace, namespaces, recency_weight, half_life, timeout, filter)
         # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous float32
         # query, and a per-thread pre-built argument frame (see _Frame).
         if (
             namespace is None
             and namespaces is None
+            and filter is None
             and not recency_weight
             and timeout is None
             and type(query) is _NDARRAY
@@ -525,7 +549,7 @@ class Kalos:
         # General path: filters, recency, per-call timeout, any array-like query.
         k = _index(k, "k")
         q = _f32_1d(query)
-        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
+        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout, filter)
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
         ids = np.empty(n + 1, _U64)  # the extra last element receives the hit count (size_t)
         scores = np.empty(n, _F32)
@@ -548,10 +572,10 @@ class Kalos:
             raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k} is not in 1..={KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
         return 0
 
-    def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout):
+    def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout, filter=None):  # noqa: A002
         k = _index(k, "k")
         q = _f32_1d(query)
-        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
+        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout, filter)
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
         ids = np.empty(n, _U64)
         scores = np.empty(n, _F32)
@@ -587,6 +611,7 @@ class Kalos:
         recency_weight: float = 0.0,
         half_life: Optional[float] = None,
         timeout: Optional[float] = None,
+        filter: Any = None,  # noqa: A002
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top-``k`` for each row of ``queries`` (shape ``(nq, dim)``), run as one batch.
 
@@ -601,7 +626,7 @@ class Kalos:
         if q.ndim == 1:
             q = q.reshape(1, -1)
         nq = q.shape[0] if q.ndim >= 1 else 0
-        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout)
+        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout, filter)
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
         ids = np.full((nq, n), NO_ID, _U64)
         scores = np.full((nq, n), np.nan, _F32)
@@ -627,6 +652,7 @@ class Kalos:
         namespace: int = 0,
         namespaces: Optional[ArrayLike] = None,
         payloads: Optional[Sequence[Payload]] = None,
+        metadata: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
         ttl: Optional[float] = None,
         expires_at: Optional[float] = None,
         timeout: Optional[float] = None,
@@ -638,6 +664,8 @@ class Kalos:
             vectors: n × dim floats (shape ``(n, dim)``, or ``(dim,)`` for one id).
             namespace: namespace of every item; or ``namespaces``: one per item.
             payloads: one per item: bytes, str (stored UTF-8) or None (no payload).
+            metadata: one dict (or None) per item: typed fields that filters test (see
+                :mod:`kalos.filters`); an upsert replaces every field a memory had.
             ttl: time to live in seconds; or ``expires_at``: absolute expiry, unix seconds.
             timeout: deadline of this call in seconds.
 
@@ -675,6 +703,19 @@ class Kalos:
             p.payloads_len = sum(len(c) for c in chunks)
             p.payload_lens = lens.ctypes.data_as(ctypes.POINTER(c_uint32))
             p.payload_lens_len = lens.shape[0]
+        if metadata is not None:
+            if isinstance(metadata, Mapping):
+                raise TypeError("metadata must be a sequence with one dict per id")
+            if len(metadata) != i.shape[0]:
+                raise ValueError(f"{len(metadata)} metadata entries for {i.shape[0]} ids")
+            try:
+                fb = _filters.encode_fields(metadata)
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(f"INVALID_ARGUMENT: metadata: {e}", STATUS_CODES["INVALID_ARGUMENT"]) from e
+            fbuf = (ctypes.c_uint8 * len(fb)).from_buffer_copy(fb)
+            keep.append(fbuf)
+            p.fields = ctypes.cast(fbuf, ctypes.POINTER(ctypes.c_uint8))
+            p.fields_len = len(fb)
         p.ttl_ms = _ms(ttl, "ttl")
         if expires_at is not None:
             p.expires_at_ms = max(int(expires_at * 1000.0), 1)
@@ -698,6 +739,52 @@ class Kalos:
             self._active.pop()
         _check(rc)
         return out.value
+
+    def delete_where(self, filter: Any, namespaces: Optional[Iterable[int]] = None) -> int:  # noqa: A002
+        """Deletes every memory that matches ``filter`` (an Expr, a filter dict or its binary
+        form) and, when given, lies in one of ``namespaces``. The server evaluates the filter, so
+        any process deletes the same memories. Returns how many were deleted."""
+        fb = _filter_bytes(filter)
+        if fb is None:
+            raise TypeError("delete_where needs a filter (use clear() to delete everything)")
+        fbuf = np.frombuffer(fb or b"\0", np.uint8)
+        ns = _u64_1d(list(namespaces)) if namespaces is not None else None
+        out = c_uint64(0)
+        h = self._enter()
+        try:
+            rc = _lib.kalos_delete_where(
+                h, _addr(ns) if ns is not None else None, ns.shape[0] if ns is not None else 0,
+                _addr(fbuf), len(fb), addressof(out),
+            )
+        finally:
+            self._active.pop()
+        _check(rc)
+        return out.value
+
+    def get_metadata(self, ids: ArrayLike) -> List[Dict[str, Any]]:
+        """The metadata fields of each id (all must exist, else :class:`NotFoundError`), as
+        dicts in request order (tags as sorted lists, timestamps as UTC datetimes)."""
+        i = _u64_1d(ids)
+        n = i.shape[0]
+        lens = np.empty(n, _U32)
+        s = self._scratch
+        for _ in range(8):
+            h = self._enter()
+            try:
+                rc = _lib.kalos_get_fields(h, _addr(i), n, _addr(s.buf), s.buf.shape[0], _addr(lens), n, addressof(s.needed))
+            finally:
+                self._active.pop()
+            if rc == STATUS_CODES["BUFFER_TOO_SMALL"] and s.needed.value > s.buf.shape[0]:
+                s.buf = np.empty(max(s.needed.value, 2 * s.buf.shape[0]), np.uint8)
+                continue
+            _check(rc)
+            out, o = [], 0
+            raw = s.buf.tobytes()[: int(lens.sum())]
+            for ln in lens:
+                out.append(_filters.decode_fields(raw[o:o + int(ln)]))
+                o += int(ln)
+            return out
+        raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: fields kept growing")  # pragma: no cover
 
     def delete_namespace(self, namespace: int) -> int:
         """Deletes every memory of a namespace; returns how many."""

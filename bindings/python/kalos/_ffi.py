@@ -136,6 +136,8 @@ class kalos_recall_params(Structure):
         ("_reserved2", c_uint32),
         ("recency_half_life_ms", c_double),
         ("timeout_ms", c_uint64),
+        ("filter", POINTER(c_uint8)),
+        ("filter_len", c_size_t),
     ]
 
 
@@ -172,6 +174,8 @@ class kalos_upsert_params(Structure):
         ("ttl_ms", c_uint64),
         ("expires_at_ms", c_uint64),
         ("timeout_ms", c_uint64),
+        ("fields", POINTER(c_uint8)),
+        ("fields_len", c_size_t),
     ]
 
 
@@ -292,6 +296,24 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
     "kalos_clear": (kalos_status, [
         ("const struct kalos_handle *", kalos_handle_p),
         ("uint64_t *", _P),
+    ]),
+    "kalos_delete_where": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("const uint8_t *", _P),
+        ("size_t", c_size_t),
+        ("uint64_t *", _P),
+    ]),
+    "kalos_get_fields": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("const uint64_t *", _P),
+        ("size_t", c_size_t),
+        ("uint8_t *", _P),
+        ("size_t", c_size_t),
+        ("uint32_t *", _P),
+        ("size_t", c_size_t),
+        ("size_t *", _P),
     ]),
     "kalos_get": (kalos_status, [
         ("const struct kalos_handle *", kalos_handle_p),

@@ -15,14 +15,28 @@ Storage layout: each LangChain document is one Kalos memory.
 * namespace: ``metadata[namespace_key]`` (default key ``"namespace"``) through
   :func:`kalos._ids.namespace_of`; documents without the key go to ``default_namespace``.
 
-Filters: ``filter={namespace_key: value}`` or ``{namespace_key: {"$in": [v1, v2]}}`` (≤ 64
-values); they run inside the Kalos scan, so the top-k is exact for that scope. Other filter
-keys are not supported (ValueError): Kalos does not index arbitrary metadata.
+* fields: the metadata values Kalos can type (str, int, float, bool, datetime, list of str)
+  are also written as metadata fields, which filters test; other values (dicts, None, mixed
+  lists), and a value whose type differs from the one the field got at its first write, stay
+  in the payload only (a filter on them does not match that document).
+
+Filters:
+
+* a dict in the Mongo style (``{"user": "alice"}``, ``{"year": {"$gte": 2020}}``,
+  ``{"$and": [...]}``, ``{"$or": [...]}``, ``{"$not": {...}}``; operators ``$eq $ne $gt $gte
+  $lt $lte $in $nin $exists $contains``): evaluated inside the Kalos scan, so the top-k is
+  exact (k documents whenever k match). A dict on the namespace key alone (a value, ``$eq``
+  or ``$in``) is a namespace filter.
+* a callable ``f(Document) -> bool``: cannot run inside the scan. It is applied to candidates
+  fetched in growing rounds (4k, 16k, ... up to 1024) until k pass or the store is exhausted:
+  the slower path, and above 1024 candidates it may return fewer than k.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import re
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -33,6 +47,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 import kalos
+from kalos import filters as _filters
 from kalos._ids import namespace_of, str_to_u64
 
 __all__ = ["KalosVectorStore"]
@@ -69,7 +84,7 @@ class KalosVectorStore(VectorStore):
         self._embedding = embedding
         if client is None:
             if name is None:
-                raise ValueError("pass a store name or an open kalos client")
+                name = f"langchain-{uuid.uuid4().hex[:16]}"  # a private store of this process
             if not open_kwargs.get("dim"):
                 open_kwargs["dim"] = len(embedding.embed_query("kalos dimension probe"))
             client = kalos.open(name, **open_kwargs)
@@ -105,25 +120,44 @@ class KalosVectorStore(VectorStore):
             return namespace_of(metadata[self.namespace_key])
         return self.default_namespace
 
+    def _is_namespace_filter(self, filter: Any) -> bool:
+        if not isinstance(filter, dict) or set(filter) != {self.namespace_key}:
+            return False
+        v = filter[self.namespace_key]
+        return not isinstance(v, dict) or set(v) in ({"$in"}, {"$eq"})
+
     def _filter_namespaces(self, filter: Optional[Dict[str, Any]], namespace: Any) -> Optional[List[int]]:
         ns: Optional[List[int]] = None
         if namespace is not None:
             ns = [namespace_of(namespace)]
-        if filter:
-            extra = set(filter) - {self.namespace_key}
-            if extra:
-                raise ValueError(
-                    f"Kalos filters only on the namespace key {self.namespace_key!r}; got keys {sorted(extra)}"
-                )
+        if filter and self._is_namespace_filter(filter):
             v = filter[self.namespace_key]
-            if isinstance(v, dict):
-                if set(v) != {"$in"} and set(v) != {"$eq"}:
-                    raise ValueError(f"unsupported filter operator(s) {sorted(v)}; use a value, $eq or $in")
-                vals = v.get("$in", [v.get("$eq")])
-            else:
-                vals = [v]
+            vals = v.get("$in", [v.get("$eq")]) if isinstance(v, dict) else [v]
             ns = (ns or []) + [namespace_of(x) for x in vals]
         return ns
+
+    def _scope(self, filter: Any, namespace: Any) -> Tuple[Optional[List[int]], Any]:
+        """(namespaces, metadata filter) of a dict filter."""
+        if filter is None or self._is_namespace_filter(filter):
+            return self._filter_namespaces(filter, namespace), None
+        if not isinstance(filter, dict):
+            raise TypeError(f"filter must be a dict or a callable, got {type(filter).__name__}")
+        return self._filter_namespaces(None, namespace), _filters.from_dict(filter)
+
+    @staticmethod
+    def _fields(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        """The metadata values Kalos can store as typed fields."""
+        out: Dict[str, Any] = {}
+        for k, v in (metadata or {}).items():
+            if not isinstance(k, str) or not 1 <= len(k.encode("utf-8")) <= 64:
+                continue
+            if isinstance(v, (str, bool, int, float, _dt.datetime)) and not (isinstance(v, float) and v != v):
+                if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 63) <= v < (1 << 63):
+                    continue
+                out[k] = v
+            elif isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v):
+                out[k] = list(v)
+        return out
 
     def _payload(self, text: str, metadata: Optional[Dict[str, Any]], sid: str) -> bytes:
         d: Dict[str, Any] = {"id": sid, "text": text}
@@ -171,13 +205,37 @@ class KalosVectorStore(VectorStore):
             while end < len(texts) and (end == start or size + vectors.shape[1] * 4 + len(payloads[end]) + 32 < 512 * 1024):
                 size += vectors.shape[1] * 4 + len(payloads[end]) + 32
                 end += 1
-            self.client.upsert(
-                [str_to_u64(s) for s in sids[start:end]],
-                vectors[start:end],
-                namespaces=[self._namespace(m) for m in metas[start:end]],
-                payloads=payloads[start:end],
-                ttl=ttl,
-            )
+            keys = [str_to_u64(s) for s in sids[start:end]]
+            fields = [self._fields(m) for m in metas[start:end]]
+            try:
+                while True:
+                    try:
+                        self.client.upsert(
+                            keys,
+                            vectors[start:end],
+                            namespaces=[self._namespace(m) for m in metas[start:end]],
+                            payloads=payloads[start:end],
+                            metadata=fields,
+                            ttl=ttl,
+                        )
+                        break
+                    except kalos.InvalidArgumentError as e:
+                        # A metadata value of another type than the store's field (fields are
+                        # typed by their first write): that value stays in the payload only.
+                        m = re.search(r'field "(.+?)" of id (\d+) is', str(e))
+                        if not m or int(m.group(2)) not in keys:
+                            raise
+                        fields[keys.index(int(m.group(2)))].pop(m.group(1), None)
+            except kalos.PayloadTooLargeError as e:
+                # Name the caller's own id (the library only knows the 64-bit key) and the limit.
+                m = re.search(r"the limit is (\d+)", str(e))
+                limit = int(m.group(1)) if m else None
+                i = max(range(start, end), key=lambda j: len(payloads[j]))
+                raise kalos.PayloadTooLargeError(
+                    f"PAYLOAD_TOO_LARGE: document {sids[i]!r} takes {len(payloads[i])} bytes as a Kalos payload"
+                    f" (its text, metadata and id as JSON); the store's limit is {limit} bytes (max_payload_bytes)",
+                    e.status,
+                ) from e
             start = end
         return sids
 
@@ -185,7 +243,10 @@ class KalosVectorStore(VectorStore):
         """Deletes by string id (unknown ids are ignored). With ``ids=None``: deletes the
         namespace given as ``namespace=``/``filter={key: value}``, else every memory."""
         if ids is None:
-            ns = self._filter_namespaces(kwargs.get("filter"), kwargs.get("namespace"))
+            ns, expr = self._scope(kwargs.get("filter"), kwargs.get("namespace"))
+            if expr is not None:
+                self.client.delete_where(expr, namespaces=ns)
+                return True
             if ns:
                 for n in ns:
                     self.client.delete_namespace(n)
@@ -236,13 +297,28 @@ class KalosVectorStore(VectorStore):
         namespace: Any = None,
         **kwargs: Any,
     ) -> List[Tuple[Document, float]]:
-        """Top-k documents and Kalos scores (cosine/ip: higher is better; l2: lower)."""
+        """Top-k documents and Kalos scores (cosine/ip: higher is better; l2: lower).
+
+        ``filter``: a dict (inside the scan, exact) or a callable on the Document (the slower
+        path: candidates in growing rounds until k pass; see the module docs)."""
         if k <= 0:
             return []
-        ns = self._filter_namespaces(filter, namespace)
-        ids, scores, payloads = self.client.recall(
-            np.asarray(embedding, dtype=np.float32), min(k, kalos.MAX_K), namespaces=ns, payloads=True
-        )
+        q = np.asarray(embedding, dtype=np.float32)
+        if callable(filter):
+            ns = self._filter_namespaces(None, namespace)
+            fetch = min(4 * k, kalos.MAX_K)
+            while True:
+                ids, scores, payloads = self.client.recall(q, fetch, namespaces=ns, payloads=True)
+                out = []
+                for s, p in zip(scores.tolist(), payloads):
+                    doc = self._document(p)
+                    if doc is not None and filter(doc):
+                        out.append((doc, float(s)))
+                if len(out) >= k or len(ids) < fetch or fetch >= kalos.MAX_K:
+                    return out[:k]
+                fetch = min(4 * fetch, kalos.MAX_K)
+        ns, expr = self._scope(filter, namespace)
+        ids, scores, payloads = self.client.recall(q, min(k, kalos.MAX_K), namespaces=ns, filter=expr, payloads=True)
         out = []
         for s, p in zip(scores.tolist(), payloads):
             doc = self._document(p)
@@ -274,7 +350,9 @@ class KalosVectorStore(VectorStore):
 
         if self._metric == "l2":
             return lambda d: clamp(1.0 - float(np.sqrt(max(d, 0.0))) / float(np.sqrt(2.0)))
-        return lambda s: clamp((1.0 + s) / 2.0)  # cosine / ip on normalised vectors: [-1, 1] -> [0, 1]
+        if self._metric == "cosine":
+            return lambda s: clamp(s)  # LangChain's _cosine_relevance_score_fn: 1 - (1 - cos) = cos
+        return lambda s: clamp((1.0 + s) / 2.0)  # ip on normalised vectors: [-1, 1] -> [0, 1]
 
     def max_marginal_relevance_search_by_vector(
         self,
@@ -285,9 +363,9 @@ class KalosVectorStore(VectorStore):
         filter: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> List[Document]:
-        ns = self._filter_namespaces(filter, kwargs.get("namespace"))
+        ns, expr = self._scope(filter, kwargs.get("namespace"))
         q = np.asarray(embedding, dtype=np.float32)
-        ids, _, payloads = self.client.recall(q, min(max(fetch_k, k), kalos.MAX_K), namespaces=ns, payloads=True)
+        ids, _, payloads = self.client.recall(q, min(max(fetch_k, k), kalos.MAX_K), namespaces=ns, filter=expr, payloads=True)
         if len(ids) == 0:
             return []
         vecs = self.client.get(ids, namespaces=False, payloads=False).vectors
@@ -313,8 +391,8 @@ class KalosVectorStore(VectorStore):
         ids: Optional[List[str]] = None,
         **kwargs: Any,
     ) -> "KalosVectorStore":
-        """Creates a store (``name=`` required, other kwargs as in the constructor) and adds
-        the texts."""
+        """Creates a store (kwargs as in the constructor; without ``name`` a private store with
+        a generated name) and adds the texts."""
         store = cls(embedding, **kwargs)
         store.add_texts(texts, metadatas, ids=ids)
         return store

@@ -69,10 +69,13 @@ def test_namespace_key_filters(store):
     assert r.namespaces.tolist() == [namespace_of("bob")]
     assert json.loads(r.payloads[0]) == {"id": "b1", "text": "bob likes coffee", "metadata": {"user": "bob", "n": 1}}
     assert store.client.get([str_to_u64("b2")]).namespaces.tolist() == [7]
+    # Other keys and operators are metadata filters: "n" is a field of b1 only; "user" is a
+    # keyword field (b2's int 7 kept its namespace but is not a field of that type).
+    assert {d.id for d in store.similarity_search("x", k=4, filter={"n": 1})} == {"b1"}
+    assert store.similarity_search("x", k=4, filter={"other": 1}) == []
+    assert {d.id for d in store.similarity_search("x", k=4, filter={"user": {"$gt": "amy"}})} == {"b1"}
     with pytest.raises(ValueError):
-        store.similarity_search("x", filter={"other": 1})
-    with pytest.raises(ValueError):
-        store.similarity_search("x", filter={"user": {"$gt": 1}})
+        store.similarity_search("x", filter={"user": {"$near": 1}})
     # delete by namespace, then everything
     store.delete(filter={"user": "alice"})
     assert {d.id for d in store.similarity_search("x", k=10)} == {"b1", "b2"}
@@ -122,5 +125,52 @@ def test_shared_client_and_many_docs():
         assert s.similarity_search(texts[123], k=1)[0].page_content == texts[123]
         s.close()  # does not close a client it does not own
         assert not kv.closed
-    with pytest.raises(ValueError):
-        KalosVectorStore(emb)
+    # Without a name or a client: a private store with a generated name.
+    s2 = KalosVectorStore(emb)
+    s2.add_texts(["alone"])
+    assert s2.similarity_search("alone", k=1)[0].page_content == "alone"
+    s2.close()
+
+
+def test_dict_and_callable_filters(store):
+    docs = [
+        Document(page_content=f"doc {i}", metadata={"user": "alice" if i % 2 else "bob", "year": 2000 + i, "tags": ["x"] if i % 3 == 0 else ["y"]}, id=f"d{i}")
+        for i in range(60)
+    ]
+    store.add_documents(docs)
+    got = store.similarity_search("doc 1", k=5, filter={"year": {"$gte": 2050}, "user": "alice"})
+    assert len(got) == 5 and all(d.metadata["year"] >= 2050 and d.metadata["user"] == "alice" for d in got)
+    got = store.similarity_search("doc 1", k=100, filter={"$or": [{"year": {"$lt": 2003}}, {"tags": {"$contains": "x"}}]})
+    assert {d.id for d in got} == {f"d{i}" for i in range(60) if i < 3 or i % 3 == 0}
+    got = store.similarity_search("doc 1", k=4, filter={"$not": {"user": "alice"}})
+    assert len(got) == 4 and all(d.metadata["user"] == "bob" for d in got)
+    # A callable: the slower path, k results found in growing rounds.
+    got = store.similarity_search("doc 1", k=3, filter=lambda d: d.metadata["year"] % 10 == 7)
+    assert len(got) == 3 and all(d.metadata["year"] % 10 == 7 for d in got)
+    # delete with a dict filter runs on the server.
+    store.delete(filter={"user": "bob"})
+    assert {d.metadata["user"] for d in store.similarity_search("doc", k=100)} == {"alice"}
+
+
+def test_from_texts_without_a_name_and_cosine_relevance():
+    s = KalosVectorStore.from_texts(["red", "green"], DeterministicFakeEmbedding(size=16), role="server")
+    try:
+        rel = s.similarity_search_with_relevance_scores("red", k=2)
+        d, score = rel[0]
+        assert d.page_content == "red" and score == pytest.approx(1.0, abs=1e-5)
+        # LangChain's cosine convention: the relevance is the cosine itself.
+        e = s.embeddings
+        a, b = np.asarray(e.embed_query("red")), np.asarray(e.embed_query("green"))
+        cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+        assert rel[1][1] == pytest.approx(max(0.0, cos), abs=1e-5)
+    finally:
+        s.close()
+
+
+def test_payload_limit_error_names_the_document():
+    s = KalosVectorStore(DeterministicFakeEmbedding(size=8), name=unique_name("lc"), role="server", max_payload_bytes=256)
+    try:
+        with pytest.raises(kalos.PayloadTooLargeError, match=r"'big-one'.*limit is 256"):
+            s.add_texts(["x" * 1000], ids=["big-one"])
+    finally:
+        s.close()

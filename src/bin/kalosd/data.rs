@@ -377,6 +377,7 @@ pub(super) fn import(a: &Args) {
             let items: Vec<store::UpsertItem> = c
                 .iter()
                 .map(|&i| store::UpsertItem {
+                    fields: &[],
                     id: ids[i],
                     namespace: ns_of(i),
                     vector: &vals[i * dim..(i + 1) * dim],

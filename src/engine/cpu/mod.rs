@@ -61,6 +61,7 @@
 use super::pool::Pool;
 use super::{recency_boost, Engine, EngineKind, TopK};
 use crate::error::Result;
+use crate::filter::Bitmap;
 use crate::store::Store;
 use crate::types::{Filter, Hit, Metric, Recency};
 use crate::wire::SearchRequest;
@@ -94,6 +95,9 @@ const BLOCK_ROWS_SINGLE: usize = 1024;
 const BLOCK_BYTES_BATCH: usize = 256 * 1024;
 /// Queries scored per pass over a block in batched mode (bounds the score scratch).
 const QUERY_CHUNK: usize = 64;
+/// A metadata filter that lets through at most one row in this many is answered by gathering the
+/// matching rows and scoring only them (no pass over the table's blocks).
+const SPARSE_DIV: usize = 1000;
 /// Size of the table above which a scan is split across threads when the pool's workers sleep
 /// between jobs (private: cbindgen exports every `pub const` of the crate into include/kalos.h).
 const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
@@ -154,6 +158,9 @@ struct Ctx<'a> {
     created: &'a [u64],
     expires: &'a [u64],
     filter: &'a Filter,
+    /// With a metadata filter: the rows the recall may return (namespaces, expression and
+    /// expiry already applied).
+    allowed: Option<&'a Bitmap>,
     check_expiry: bool,
     now_ms: u64,
     recency: Option<Recency>,
@@ -299,23 +306,26 @@ impl CpuEngine {
 /// Walks rows `r0..r1` and feeds every candidate into `tops[..nq]`.
 fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
     let Worker { tops, scores: sbuf, idx } = w;
-    let dim = c.dim;
     let all_ns = c.filter.namespaces.is_none();
-    let l2 = c.metric == Metric::L2;
     let mut b0 = r0;
     while b0 < r1 {
         let n = c.block_rows.min(r1 - b0);
-        let rows = if all_ns && !c.check_expiry {
+        let rows = if c.allowed.is_none() && all_ns && !c.check_expiry {
             Rows::Range(b0, n)
         } else {
-            // Read only the namespace / expiry columns; gather the rows that qualify.
             idx.clear();
-            let ns = &c.namespaces[b0..b0 + n];
-            let ex = &c.expires[b0..b0 + n];
-            for j in 0..n {
-                let ok = (all_ns || c.filter.matches(ns[j])) && (!c.check_expiry || ex[j] > c.now_ms);
-                if ok {
-                    idx.push((b0 + j) as u32);
+            match c.allowed {
+                // A metadata filter: its bitmap already holds the namespace and expiry conditions.
+                Some(bm) => idx.extend((b0..b0 + n).filter(|&r| bm.get(r)).map(|r| r as u32)),
+                None => {
+                    // Read only the namespace / expiry columns; gather the rows that qualify.
+                    let ns = &c.namespaces[b0..b0 + n];
+                    let ex = &c.expires[b0..b0 + n];
+                    for j in 0..n {
+                        if (all_ns || c.filter.matches(ns[j])) && (!c.check_expiry || ex[j] > c.now_ms) {
+                            idx.push((b0 + j) as u32);
+                        }
+                    }
                 }
             }
             if idx.is_empty() {
@@ -328,25 +338,32 @@ fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
                 Rows::Idx(idx)
             }
         };
-        let m = rows.len();
-        if c.nq == 1 {
-            let s = &mut sbuf[..m];
-            scores(c.scan_isa, l2, &c.queries[..dim], c.vectors, dim, rows, s);
-            select(c, &mut tops[0], rows, s, None);
-        } else {
-            let mut a0 = 0;
-            while a0 < c.nq {
-                let qn = QUERY_CHUNK.min(c.nq - a0);
-                let s = &mut sbuf[..qn * m];
-                gemm(c.isa, &c.queries[a0 * dim..(a0 + qn) * dim], qn, c.vectors, dim, rows, s);
-                for a in 0..qn {
-                    let qnorm = if l2 { Some(c.qnorms[a0 + a]) } else { None };
-                    select(c, &mut tops[a0 + a], rows, &s[a * m..(a + 1) * m], qnorm);
-                }
-                a0 += qn;
-            }
-        }
+        score_rows(c, tops, sbuf, rows);
         b0 += n;
+    }
+}
+
+/// Scores `rows` for every query and feeds the candidates into `tops[..nq]`.
+fn score_rows(c: &Ctx<'_>, tops: &mut [TopK], sbuf: &mut [f32], rows: Rows<'_>) {
+    let dim = c.dim;
+    let l2 = c.metric == Metric::L2;
+    let m = rows.len();
+    if c.nq == 1 {
+        let s = &mut sbuf[..m];
+        scores(c.scan_isa, l2, &c.queries[..dim], c.vectors, dim, rows, s);
+        select(c, &mut tops[0], rows, s, None);
+    } else {
+        let mut a0 = 0;
+        while a0 < c.nq {
+            let qn = QUERY_CHUNK.min(c.nq - a0);
+            let s = &mut sbuf[..qn * m];
+            gemm(c.isa, &c.queries[a0 * dim..(a0 + qn) * dim], qn, c.vectors, dim, rows, s);
+            for a in 0..qn {
+                let qnorm = if l2 { Some(c.qnorms[a0 + a]) } else { None };
+                select(c, &mut tops[a0 + a], rows, &s[a * m..(a + 1) * m], qnorm);
+            }
+            a0 += qn;
+        }
     }
 }
 
@@ -443,7 +460,16 @@ impl Engine for CpuEngine {
         }
         let block_rows = if nq == 1 { BLOCK_ROWS_SINGLE } else { (BLOCK_BYTES_BATCH / (dim * 4)).clamp(16, 1024) & !3 };
         let score_len = block_rows * nq.min(QUERY_CHUNK);
-        let t = self.plan_threads(len, dim, nq, block_rows);
+        // A metadata filter is evaluated once, over the field columns, into a bitmap of the
+        // rows the scan may score (a pre-filter: rows outside it are never scored).
+        let allowed = req.filter.expr.as_ref().map(|_| store.filter_rows(req.filter, req.now_ms));
+        let matching = allowed.as_ref().map(|b| b.count());
+        if matching == Some(0) {
+            return Ok(());
+        }
+        // A very selective filter: only the matching rows are gathered and scored.
+        let sparse = matching.is_some_and(|m| m.saturating_mul(SPARSE_DIV) <= len);
+        let t = if sparse { 1 } else { self.plan_threads(len, dim, nq, block_rows) };
         while self.workers.len() < t {
             self.workers.push(Worker::default());
         }
@@ -466,13 +492,20 @@ impl Engine for CpuEngine {
             created: store.created_ms(),
             expires: store.expires_ms(),
             filter: req.filter,
+            allowed: allowed.as_ref(),
             check_expiry: store.has_expiring(),
             now_ms: req.now_ms,
             recency: req.recency,
             block_rows,
         };
 
-        if t == 1 {
+        if sparse {
+            let list = allowed.as_ref().map(|b| b.rows()).unwrap_or_default();
+            let w = &mut self.workers[0];
+            for part in list.chunks(block_rows) {
+                score_rows(&ctx, &mut w.tops, &mut w.scores, Rows::Idx(part));
+            }
+        } else if t == 1 {
             scan(&ctx, &mut self.workers[0], 0, len);
         } else {
             // Chunks: one per participant for tables of at most 1 MiB a participant, ~1 MiB
@@ -606,6 +639,7 @@ mod tests {
         let vecs: Vec<f32> = (0..5000 * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
         let items: Vec<UpsertItem<'_>> = (0..5000)
             .map(|i| UpsertItem {
+                fields: &[],
                 id: i as u64,
                 namespace: 0,
                 vector: &vecs[i * dim..(i + 1) * dim],

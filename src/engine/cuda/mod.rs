@@ -724,6 +724,12 @@ impl Engine for CudaEngine {
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);
+        if req.filter.expr.is_some() {
+            // A metadata filter is answered by the exact CPU engine over the store's field
+            // columns (docs/GPU.md, "Metadata filters"); the kernels apply namespaces only.
+            self.hybrid.last_cpu = true;
+            return self.hybrid.cpu.search(store, req, out);
+        }
         if self.hybrid.on && (work < self.hybrid.min_work || (req.nq == 1 && work.saturating_mul(4) <= self.hybrid.min_split_bytes)) {
             self.hybrid.last_cpu = true;
             return self.hybrid.cpu.search(store, req, out);
