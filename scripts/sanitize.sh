@@ -45,7 +45,7 @@ run_asan() {
   local dir=$BASE/asan
   # Leak checking stays off: the tests and the harness end while server threads and forked
   # children still hold their buffers by design.
-  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # shellcheck disable=SC2046
   CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=address" cargo +nightly test --target "$TARGET" \
