@@ -6,6 +6,10 @@
 # table last.
 #   scripts/test.sh            all suites
 #   scripts/test.sh rust c     only the named suites
+#   scripts/test.sh sanitize   the optional suite, not part of "all suites": scripts/sanitize.sh
+#                              (ASan and TSan builds on nightly Rust; SANITIZE_SHORT=1 for the
+#                              short version). Its cold builds take well over the few minutes a
+#                              CI run can spare on 2 cores (docs/RELIABILITY.md, "Sanitizers").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -32,6 +36,7 @@ suite_python() { build && bindings/python/ci.sh; }
 suite_go() { build && bindings/go/ci.sh; }
 suite_java() { build && bindings/java/ci.sh; }
 suite_package() { build && tests/package/run.sh; }
+suite_sanitize() { scripts/sanitize.sh; }
 
 for s in "${SUITES[@]}"; do
   run_suite "$s" "suite_$s"

@@ -228,7 +228,7 @@ impl Kalos {
             }
         }
         loop {
-            slot.waiting.store(1, Ordering::SeqCst);
+            slot.waiting.store(shm::waiting_tag(submitted), Ordering::SeqCst);
             let w = slot.state.load(Ordering::SeqCst);
             if w == done {
                 slot.waiting.store(0, Ordering::Relaxed);

@@ -99,7 +99,8 @@ impl Server {
             self.release_abandoned(slot_i, word);
             return;
         }
-        if slot.waiting.swap(0, Ordering::SeqCst) != 0 {
+        // Only this request's waiter: the flag may already belong to the slot's next request.
+        if slot.waiting.compare_exchange(shm::waiting_tag(word), 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             futex::wake(shm::low_word(&slot.state), i32::MAX);
             self.woke_client.set(true);
         }

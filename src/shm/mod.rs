@@ -65,6 +65,15 @@ pub fn pid_of(word: u64) -> u32 {
 pub fn with_state(word: u64, state: u64) -> u64 {
     (word & !0xff) | state
 }
+/// What a client stores in `SlotHeader::waiting` while it may sleep on the request of the claim
+/// `word` (its generation and the SUBMITTED state; never 0). The server wakes the client only
+/// when the flag carries the tag of the request it finishes, so finishing one request cannot
+/// consume the flag of the slot's next request, whose client would then sleep through its
+/// answer (`tests/slot_model.rs`).
+#[inline]
+pub fn waiting_tag(word: u64) -> u32 {
+    with_state(word, SLOT_SUBMITTED) as u32
+}
 
 #[repr(C, align(64))]
 pub struct Header {
@@ -100,7 +109,8 @@ pub struct Header {
 pub struct SlotHeader {
     /// `pid << 32 | gen << 8 | state` (see the slot state constants).
     pub state: AtomicU64,
-    /// 1 while the client may be sleeping in a futex wait on `state`.
+    /// `waiting_tag` of the request while its client may be sleeping in a futex wait on
+    /// `state`, else 0.
     pub waiting: AtomicU32,
     pub _reserved: AtomicU32,
     /// Start time of the claiming process (0 = not yet written), to detect pid reuse.
@@ -118,7 +128,16 @@ impl SlotHeader {
     /// claimer's CAS acquires the cleared value, and until it stores its own ticks the reaper
     /// reads 0 ("not recorded yet", liveness by pid alone) instead of a stale value that would
     /// make a live owner look dead. Returns whether the slot was freed.
+    ///
+    /// The ticks are cleared only while the word is still `word`: a caller with a stale word
+    /// (the reaper, whose owner freed the slot and exited while it looked) must not clear the
+    /// ticks of the slot's next owner. Once the word is seen unchanged it stays so until the
+    /// CAS below: the callers are the owner itself, the server on a slot it holds (ABANDONED),
+    /// and the reaper on a slot whose owner is dead (`tests/slot_model.rs`).
     pub fn free_if(&self, word: u64) -> bool {
+        if self.state.load(Ordering::Acquire) != word {
+            return false;
+        }
         self.client_start_ticks.store(0, Ordering::Relaxed);
         self.state.compare_exchange(word, pack(0, gen_of(word), SLOT_FREE), Ordering::AcqRel, Ordering::Relaxed).is_ok()
     }

@@ -959,8 +959,8 @@ pub fn gen_segment(rng: &mut StdRng) -> Vec<u8> {
         let count = u32_at(&b, at(offset_of!(Header, slot_count))) as u64;
         let data = u32_at(&b, at(offset_of!(Header, slot_data_bytes))) as u64;
         let stride = 64 + data.div_ceil(64) * 64;
-        let total = 4096 + count * stride;
-        if total <= 1 << 22 {
+        // Checked: a mutated count times a mutated stride can pass 2^64.
+        if let Some(total) = count.checked_mul(stride).and_then(|t| t.checked_add(4096)).filter(|&t| t <= 1 << 22) {
             b[at(offset_of!(Header, slot_stride))..][..4].copy_from_slice(&(stride as u32).to_le_bytes());
             b[at(offset_of!(Header, total_bytes))..][..8].copy_from_slice(&total.to_le_bytes());
             b[..4].copy_from_slice(&(total as u32).to_le_bytes());
