@@ -3,7 +3,7 @@
 //! the environment. The environment is read once, on the first open of the process, into one
 //! [`Tuning`]; nothing else in the crate reads `KALOS_*` variables.
 //!
-//! The variables, their defaults and effects are listed in one table: README.md, "Environment".
+//! The variables, their defaults and effects are listed in one table: docs/CONFIG.md.
 //!
 //! A value that does not parse fails the open with `INVALID_ARGUMENT` naming the variable.
 

@@ -259,3 +259,12 @@ fn role_server_stays_in_process_and_memory_only() {
     c.close();
     assert_no_shm(&name);
 }
+
+/// A client of a store nobody serves gets NOT_FOUND naming the segment's real path.
+#[test]
+fn missing_store_names_its_segment_path() {
+    let name = uniq("none");
+    let e = Kalos::open(&name, &Options { role: Role::Client, ..Options::default() }).err().unwrap();
+    assert_eq!(e.status, Status::NotFound);
+    assert!(e.message.contains(&format!("/dev/shm/kalos.{name} does not exist")), "{}", e.message);
+}

@@ -542,7 +542,7 @@ class Kalos:
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if k < 0 or k > 0xFFFFFFFF:
-            raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k} is not in 1..={KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
+            raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k}; k must be between 1 and {KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
         return 0
 
     def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout):
