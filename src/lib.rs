@@ -54,7 +54,7 @@ pub use client::{Kalos, Namespaces, Options, PayloadHit, RecallOptions, UpsertOp
 pub use error::{Error, Result, Status};
 pub use store::{Record, NEVER};
 pub use types::{Backend, Dtype, Filter, Hit, Metric, Recency, Role, SyncPolicy, MAX_K};
-pub use wire::Stats;
+pub use wire::{op_name, OpLatency, OpStatusCount, Stats, LATENCY_BUCKETS_NS};
 
 /// Library version string.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

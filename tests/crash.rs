@@ -78,6 +78,17 @@ impl Drop for Server {
     }
 }
 
+/// Removes `/dev/shm/kalos.<name>` and its lock when dropped.
+struct RemoveShm(String);
+
+impl Drop for RemoveShm {
+    fn drop(&mut self) {
+        for f in [format!("/dev/shm/kalos.{}", self.0), format!("/dev/shm/kalos.{}.lock", self.0)] {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
 fn start_server(name: &str, dir: &Path, sync: &str) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kalosd"))
         .args(["serve", "--name", name, "--dim", &DIM.to_string(), "--metric", "ip", "--backend", "cpu", "--threads", "1"])
@@ -195,6 +206,9 @@ fn sigkill_and_torn_writes_lose_no_acknowledged_write() {
     eprintln!("seed = {seed} (rerun with KALOS_TEST_SEED={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
     let name = format!("crash-{}", std::process::id());
+    // The killed servers leave their segment and lock for the next server of the name; when the
+    // test ends (passing or not) no one comes, so they are removed.
+    let _shm = RemoveShm(name.clone());
     let dir = std::env::temp_dir().join(format!("kalos-crash-{}-{}", std::process::id(), rng.random::<u32>()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut model = State::new();
@@ -329,11 +343,6 @@ fn sigkill_and_torn_writes_lose_no_acknowledged_write() {
         model = got;
     }
     drop(srv);
-    // The last server was killed too: its segment and lock are left for the next server of the
-    // name to clear; no one comes, so remove them.
-    for f in [format!("/dev/shm/kalos.{name}"), format!("/dev/shm/kalos.{name}.lock")] {
-        let _ = std::fs::remove_file(f);
-    }
     eprintln!(
         "{CYCLES} SIGKILLs ({chain_kills} left a multi-log chain behind), {total_acked} acknowledged ops verified, {torn_cycles} torn cuts ({torn_reported} reported with exact offsets), in-flight op applied {in_flight_applied} times, {:.1}s",
         t0.elapsed().as_secs_f64()

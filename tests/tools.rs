@@ -127,7 +127,7 @@ fn import_serve_export_round_trip_with_payloads() {
     assert!(line.contains(&format!("count={}", n - 1)), "{line}");
     // A second server on the same directory is refused, and an offline tool too.
     let o2 = kalosd(&["serve", "--name", &format!("{name}-2"), "--dim", "12", "--metric", "ip", "--data-dir", s(&d)]);
-    assert_eq!(o2.status.code(), Some(2));
+    assert_eq!(o2.status.code(), Some(1));
     assert!(text(&o2).contains("LOCKED"), "{}", text(&o2));
     let o3 = kalosd(&["export", "--data-dir", s(&d), "--vectors", s(&w.join("x.npy")), "--ids", s(&w.join("xi.npy"))]);
     assert!(text(&o3).contains("LOCKED"), "{}", text(&o3));
@@ -288,7 +288,7 @@ fn serve_reports_torn_tail_and_corruption_and_repair_recovers() {
     b[mid] ^= 0x40;
     std::fs::write(&wal, &b).unwrap();
     let o = kalosd(&["serve", "--name", &name, "--dim", "4", "--metric", "ip", "--data-dir", s(&d)]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     let t = text(&o);
     assert!(t.contains("CORRUPT") && t.contains(s(&wal)) && t.contains("at offset") && t.contains("kalosd repair"), "{t}");
     let o = kalosd(&["repair", "--data-dir", s(&d)]);

@@ -356,6 +356,9 @@ func (o *Options) fill(c *C.kalos_options) {
 	if o.GPUMemoryBytes > 0 {
 		c.gpu_memory_bytes = C.uint64_t(o.GPUMemoryBytes)
 	}
+	if o.Ephemeral {
+		c.ephemeral = 1
+	}
 }
 
 func cClose(h cHandle) { C.kgo_close(h) }

@@ -132,9 +132,14 @@ func applyUpsert(opts []UpsertOption) upsertArgs {
 	return *a
 }
 
+// kRangeMessage is the library's own wording of a k out of range.
+func kRangeMessage(k int) string {
+	return fmt.Sprintf("k = %d; k must be between 1 and %d", k, MaxK)
+}
+
 func checkK(op string, k int) error {
 	if k < 0 || k > math.MaxUint32 {
-		return newError(op, StatusKOutOfRange, "k out of range")
+		return newError(op, StatusKOutOfRange, kRangeMessage(k))
 	}
 	return nil
 }
@@ -145,7 +150,7 @@ func checkK(op string, k int) error {
 // done returns ctx.Err() without a request.
 func (c *Client) Recall(ctx context.Context, query []float32, k int, opts ...RecallOption) ([]Hit, error) {
 	if k < 0 || k > MaxK {
-		return nil, newError("recall", StatusKOutOfRange, "k must be in 1..1024")
+		return nil, newError("recall", StatusKOutOfRange, kRangeMessage(k))
 	}
 	// Small k: result buffers on the stack (the C wrapper does not let them escape).
 	var idsA [64]uint64
@@ -200,7 +205,7 @@ func (c *Client) RecallInto(ctx context.Context, query []float32, k int, ids []u
 // as one request; the server runs it as one batch. Result i belongs to query i.
 func (c *Client) RecallBatch(ctx context.Context, queries []float32, k int, opts ...RecallOption) ([][]Hit, error) {
 	if k < 0 || k > MaxK {
-		return nil, newError("recall_batch", StatusKOutOfRange, "k must be in 1..1024")
+		return nil, newError("recall_batch", StatusKOutOfRange, kRangeMessage(k))
 	}
 	nq := 0
 	if c.dim > 0 {
@@ -269,7 +274,7 @@ func (c *Client) RecallBatchInto(ctx context.Context, queries []float32, k int, 
 // reports the size needed and the recall is repeated once with a buffer that fits.
 func (c *Client) RecallWithPayloads(ctx context.Context, query []float32, k int, opts ...RecallOption) ([]Hit, error) {
 	if k < 0 || k > MaxK {
-		return nil, newError("recall_payloads", StatusKOutOfRange, "k must be in 1..1024")
+		return nil, newError("recall_payloads", StatusKOutOfRange, kRangeMessage(k))
 	}
 	var a recallArgs
 	if len(opts) > 0 {

@@ -108,8 +108,14 @@ type Options struct {
 	Timeout time.Duration
 	// HeartbeatTimeout: a server silent for longer is treated as gone (default 10s).
 	HeartbeatTimeout time.Duration
-	// DataDir holds the write-ahead log and snapshots; "" = memory only.
-	DataDir      string
+	// DataDir holds the write-ahead log and snapshots. "": role auto keeps the store in
+	// $XDG_DATA_HOME/kalos/<name> (or ~/.local/share/kalos/<name>) unless Ephemeral, so that
+	// another process's auto handle takes it over when the server's process exits; role
+	// server keeps it in memory only.
+	DataDir string
+	// Ephemeral: role auto without DataDir keeps the store in memory only, alive exactly as
+	// long as the process that runs its server.
+	Ephemeral    bool
 	Sync         Sync
 	SyncInterval time.Duration // for SyncInterval (default 100ms)
 	// Threads is the number of CPU engine threads (default 0 = all cores; on hosts of 8 or

@@ -24,7 +24,7 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
-"${PIP[@]}" "numpy>=1.22" "pytest>=7" pytest-asyncio "langchain-core>=0.3" "llama-index-core>=0.12"
+"${PIP[@]}" "numpy>=1.22" "pytest>=7" pytest-asyncio "langchain-core>=0.3" "llama-index-core>=0.12" "prometheus-client>=0.20"
 if ! "${PIP[@]}" langchain-tests; then
     echo "ci.sh: warning: langchain-tests did not install; running the equivalent tests only" >&2
 fi

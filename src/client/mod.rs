@@ -14,20 +14,34 @@
 //! - `ops`: upsert, delete, clear, get and stats.
 //!
 //! Requests are encoded and responses parsed by [`crate::wire`].
+//!
+//! Store lifetime (role auto). A store opened with role auto is durable unless the caller asks
+//! for an ephemeral one: without a `data_dir` it lives in [`crate::config::default_data_dir`].
+//! When the process that runs its server exits (or its server stops or dies), the other
+//! processes' auto handles take over: the first call that finds the server gone re-runs the
+//! auto open with the store's geometry, so one survivor wins the server election and recovers
+//! the store from its files, and the others attach to it. A call whose request had not reached
+//! the old server is then sent to the new one; a call whose request the old server may have
+//! run reports `SERVER_GONE` (its effect is unknown), and the handle's later calls go to the
+//! new server. No child process is started: a JVM, Go or Python service keeps its own process
+//! tree, and a store that must outlive every client runs under `kalosd`. Role server keeps its
+//! meaning: the store lives in the calling process until it closes. Role client never takes
+//! over. An ephemeral auto store has no files to take over from: when its server goes, its
+//! clients get `SERVER_GONE`.
 
 mod ops;
 mod recall;
 mod slot;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result, Status};
 use crate::server::{self, ServerHandle};
 use crate::shm::{self, Segment};
 use crate::store::NEVER;
-use crate::types::{validate_name, Metric, Recency, Role};
+use crate::types::{validate_name, Dtype, Metric, Recency, Role};
 
 pub use crate::config::{Options, ADAPTIVE_SPIN_CAP};
 pub use crate::wire::request::Namespaces;
@@ -89,6 +103,12 @@ pub struct Kalos {
     closed: AtomicBool,
     /// Smoothed answer time of this handle's recent requests (ns): stretches the spin window.
     recent_ns: AtomicU64,
+    /// Role auto on a durable store: the options with which this handle takes over when the
+    /// store's server goes away (the module's "Store lifetime"). `None`: it never does.
+    takeover: Option<Options>,
+    /// The handle that serves this one's calls after a takeover; `moved` is set once it is.
+    successor: Mutex<Option<Arc<Kalos>>>,
+    moved: AtomicBool,
 }
 
 fn deadline_after(ms: u64) -> Instant {
@@ -97,10 +117,39 @@ fn deadline_after(ms: u64) -> Instant {
 
 impl Kalos {
     /// Opens the store `name` in the role `opts.role` (see [`Role`]).
+    /// Role auto without a `data_dir` keeps the store in [`crate::config::default_data_dir`]
+    /// unless `opts.ephemeral` is set.
     pub fn open(name: &str, opts: &Options) -> Result<Kalos> {
         validate_name(name)?;
         // The environment's knobs are read here, once per process; a bad value fails the open.
         crate::config::tuning()?;
+        if opts.role == Role::Auto && opts.data_dir.is_none() && !opts.ephemeral {
+            let opts = Options { data_dir: Some(crate::config::default_data_dir(name)?), ..opts.clone() };
+            return Self::open_role(name, &opts);
+        }
+        Self::open_role(name, opts)
+    }
+
+    fn open_role(name: &str, opts: &Options) -> Result<Kalos> {
+        let mut k = Self::open_once(name, opts)?;
+        if opts.role == Role::Auto && opts.data_dir.is_some() {
+            // A takeover recreates the segment the clients knew, whatever this caller asked for.
+            let g = &k.seg.geometry;
+            k.takeover = Some(Options {
+                dim: g.dim,
+                metric: k.metric,
+                dtype: Dtype::from_u32(g.dtype).unwrap_or(opts.dtype),
+                capacity: g.capacity,
+                slots: g.slot_count,
+                slot_bytes: g.slot_data_bytes,
+                max_payload_bytes: g.max_payload,
+                ..opts.clone()
+            });
+        }
+        Ok(k)
+    }
+
+    fn open_once(name: &str, opts: &Options) -> Result<Kalos> {
         let deadline = deadline_after(opts.timeout_ms);
         loop {
             match opts.role {
@@ -123,8 +172,10 @@ impl Kalos {
                     }
                     match server::start(name, opts) {
                         Ok((seg, server)) => return Ok(Self::from_segment(name, seg, Some(server), opts)),
-                        // Another process won the election and is starting: attach to it.
-                        Err(e) if e.status == Status::AlreadyExists && Instant::now() < deadline => {
+                        // Another process won the election and is starting: attach to it. Or
+                        // the previous server's process still holds the data directory while
+                        // it exits: wait for it to let go.
+                        Err(e) if matches!(e.status, Status::AlreadyExists | Status::Locked) && Instant::now() < deadline => {
                             std::thread::sleep(Duration::from_millis(2));
                         }
                         Err(e) => return Err(e),
@@ -167,7 +218,34 @@ impl Kalos {
             next_slot: AtomicUsize::new(std::process::id() as usize),
             recent_ns: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            takeover: None,
+            successor: Mutex::new(None),
+            moved: AtomicBool::new(false),
         }
+    }
+
+    /// The handle that took over this one's store, if a takeover happened.
+    fn successor(&self) -> Option<Arc<Kalos>> {
+        if !self.moved.load(Ordering::Acquire) {
+            return None;
+        }
+        self.successor.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The store's server is gone: re-open the store with role auto from its files (becoming
+    /// its server or attaching to the survivor that won the election). Called by every thread
+    /// that saw the server go; the first one opens, the others get its handle.
+    fn take_over(&self) -> Result<Arc<Kalos>> {
+        let opts = self.takeover.as_ref().ok_or_else(|| Error::new(Status::Internal, "take_over on a handle that cannot"))?;
+        let mut s = self.successor.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = s.as_ref() {
+            return Ok(k.clone());
+        }
+        self.check_open()?;
+        let k = Arc::new(Self::open_role(&self.name, opts)?);
+        *s = Some(k.clone());
+        self.moved.store(true, Ordering::Release);
+        Ok(k)
     }
 
     pub fn name(&self) -> &str {
@@ -179,9 +257,17 @@ impl Kalos {
     pub fn metric(&self) -> Metric {
         self.metric
     }
-    /// True when this handle runs the server thread.
+    /// True when this handle runs the server thread (after a takeover: the new one).
     pub fn is_server(&self) -> bool {
+        if let Some(k) = self.successor() {
+            return k.is_server();
+        }
         self.server.lock().map(|s| s.is_some()).unwrap_or(false)
+    }
+
+    /// True when this handle takes over its store when the store's server goes away.
+    pub fn takes_over(&self) -> bool {
+        self.takeover.is_some()
     }
     /// Largest request or response body one slot carries.
     pub fn slot_bytes(&self) -> usize {
@@ -195,6 +281,10 @@ impl Kalos {
     /// calls fail with `Closed`.
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        let next = self.successor.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(k) = next {
+            k.close();
+        }
         if let Ok(mut s) = self.server.lock() {
             if let Some(srv) = s.take() {
                 srv.stop();

@@ -77,12 +77,52 @@ impl Kalos {
     /// batch's queries are not copied into a request buffer first).
     /// `floats`, when given, follows the parts: values checked to be finite as they are copied
     /// (`Finite`); a non-finite one fails the call with `NON_FINITE` before anything is sent.
+    ///
+    /// A handle that takes over (role auto, durable store) sends the call to the new server when
+    /// the old one went away before taking the request (client/mod.rs, "Store lifetime").
     pub(super) fn call_parts<R>(
         &self,
         parts: &[&[u8]],
         floats: Option<Finite<'_>>,
         timeout_ms: Option<u64>,
         parse: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
+        if let Some(next) = self.successor() {
+            self.check_open()?;
+            return next.call_parts(parts, floats, timeout_ms, parse);
+        }
+        let mut parse = Some(parse);
+        let mut not_run = false;
+        let r = self.round_trip(parts, floats.as_ref(), timeout_ms, &mut parse, &mut not_run);
+        match r {
+            Err(e) if e.status == Status::ServerGone && self.takeover.is_some() => {
+                let next = self.take_over().map_err(|t| {
+                    Error::new(t.status, format!("{}; taking the store over from its files failed: {}", e.message, t.message))
+                })?;
+                match parse.take() {
+                    Some(parse) if not_run => next.call_parts(parts, floats, timeout_ms, parse),
+                    _ => Err(Error::new(
+                        Status::ServerGone,
+                        format!(
+                            "{} while it held the request (it may have taken effect); later calls go to the store's new server",
+                            e.message
+                        ),
+                    )),
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// One round trip on this handle's segment. `not_run` is set when the call fails because
+    /// the server went away before it took the request; `parse` is taken only when it runs.
+    fn round_trip<R, P: FnOnce(&[u8]) -> Result<R>>(
+        &self,
+        parts: &[&[u8]],
+        floats: Option<&Finite<'_>>,
+        timeout_ms: Option<u64>,
+        parse: &mut Option<P>,
+        not_run: &mut bool,
     ) -> Result<R> {
         self.check_open()?;
         let req_len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + floats.as_ref().map_or(0, |f| f.v.len() * 4);
@@ -94,7 +134,7 @@ impl Kalos {
         }
         let t_start = (floats.is_some() && trace_batches()).then(Instant::now);
         let deadline = deadline_after(timeout_ms.unwrap_or(self.timeout_ms));
-        let (slot_i, word) = self.claim(deadline)?;
+        let (slot_i, word) = self.claim(deadline).inspect_err(|e| *not_run = e.status == Status::ServerGone)?;
         let slot = self.seg.slot(slot_i);
         slot.client_start_ticks.store(self.start_ticks, Ordering::Relaxed);
         slot.req_len.store(req_len as u32, Ordering::Relaxed);
@@ -103,7 +143,7 @@ impl Kalos {
             self.seg.write_data(slot_i, off, p);
             off += p.len();
         }
-        if let Some(f) = &floats {
+        if let Some(f) = floats {
             if let Err(i) = self.seg.write_finite_f32(slot_i, off, f.v) {
                 // Give the slot back unsubmitted (the same claim, state FREE).
                 slot.free_if(word);
@@ -120,7 +160,7 @@ impl Kalos {
             h.doorbell.fetch_add(1, Ordering::SeqCst);
             futex::wake(&h.doorbell, 1);
         }
-        self.wait_done(slot_i, submitted, deadline)?;
+        self.wait_done(slot_i, submitted, deadline, not_run)?;
         let t_answered = t_start.map(|_| Instant::now());
         let status = Status::from_u32(slot.status.load(Ordering::Acquire));
         let len = (slot.resp_len.load(Ordering::Acquire) as usize).min(self.seg.data_bytes());
@@ -130,9 +170,12 @@ impl Kalos {
             // Release the slot (same claim, state FREE, pid cleared).
             slot.free_if(shm::with_state(submitted, shm::SLOT_DONE));
             if status != Status::Ok {
+                // A stopping server answers the requests it had not run with SERVER_GONE.
+                *not_run = status == Status::ServerGone;
                 return Err(Error::new(status, error_message(&buf)));
             }
             let t_read = t_start.map(|_| Instant::now());
+            let parse = parse.take().ok_or_else(|| Error::new(Status::Internal, "response parsed twice"))?;
             let r = parse(&buf);
             if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t_start, t_submitted, t_answered, t_read) {
                 let us = |d: Duration| d.as_secs_f64() * 1e6;
@@ -181,7 +224,7 @@ impl Kalos {
         }
     }
 
-    fn wait_done(&self, slot_i: usize, submitted: u64, deadline: Instant) -> Result<()> {
+    fn wait_done(&self, slot_i: usize, submitted: u64, deadline: Instant, not_run: &mut bool) -> Result<()> {
         let slot = self.seg.slot(slot_i);
         let done = shm::with_state(submitted, shm::SLOT_DONE);
         let t0 = Instant::now();
@@ -216,7 +259,7 @@ impl Kalos {
                     if e >= check {
                         check = e + LIVENESS_STEP;
                         if let Some(reason) = self.server_gone_reason() {
-                            return self.withdraw_gone(slot_i, submitted, reason);
+                            return self.withdraw_gone(slot_i, submitted, reason, not_run);
                         }
                     }
                     if e >= hot {
@@ -245,7 +288,7 @@ impl Kalos {
             if slot.state.load(Ordering::Acquire) != done {
                 if let Some(reason) = self.server_gone_reason() {
                     slot.waiting.store(0, Ordering::Relaxed);
-                    return self.withdraw_gone(slot_i, submitted, reason);
+                    return self.withdraw_gone(slot_i, submitted, reason, not_run);
                 }
             }
         }
@@ -254,7 +297,12 @@ impl Kalos {
     /// The server is gone or stopped: withdraw the request as at a deadline (a stopped server
     /// that is continued later must not answer into a slot nobody reads), then report
     /// SERVER_GONE, unless the answer landed meanwhile.
-    fn withdraw_gone(&self, slot_i: usize, submitted: u64, reason: String) -> Result<()> {
+    /// `not_run` is set when the request was withdrawn before the server took it.
+    fn withdraw_gone(&self, slot_i: usize, submitted: u64, reason: String, not_run: &mut bool) -> Result<()> {
+        if self.seg.slot(slot_i).free_if(submitted) {
+            *not_run = true;
+            return Err(Error::new(Status::ServerGone, reason));
+        }
         match self.abandon(slot_i, submitted) {
             Ok(()) => Ok(()),
             Err(_) => Err(Error::new(Status::ServerGone, reason)),

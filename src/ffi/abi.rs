@@ -163,7 +163,8 @@ pub struct kalos_options {
     pub timeout_ms: u64,
     /// A server silent for longer is treated as gone, ms (default 10000).
     pub heartbeat_timeout_ms: u64,
-    /// Data directory for the write-ahead log and snapshots; NULL = memory only. Copied.
+    /// Data directory for the write-ahead log and snapshots, copied. NULL: role auto keeps the
+    /// store in its default directory (see `ephemeral`), role server keeps it in memory only.
     pub data_dir: *const c_char,
     /// `KALOS_SYNC_*` (default ALWAYS).
     pub sync_policy: u32,
@@ -176,6 +177,12 @@ pub struct kalos_options {
     pub sync_interval_ms: u64,
     /// GPU memory the CUDA engine may use, bytes (default 0 = 90% of free memory).
     pub gpu_memory_bytes: u64,
+    /// Role auto without `data_dir`: 0 (default) keeps the store durable in
+    /// `$XDG_DATA_HOME/kalos/<name>` (or `~/.local/share/kalos/<name>`), and when its server's
+    /// process exits another process's auto handle takes the store over from those files;
+    /// 1 keeps it in memory only, alive exactly as long as its server. Ignored by the other
+    /// roles and when `data_dir` is set.
+    pub ephemeral: u32,
 }
 
 /// Per-call recall parameters; pass NULL for the defaults. Initialise with
@@ -327,6 +334,7 @@ fn defaults() -> kalos_options {
         threads: d.threads,
         sync_interval_ms: d.sync_interval_ms,
         gpu_memory_bytes: d.gpu_memory_bytes,
+        ephemeral: d.ephemeral as u32,
     }
 }
 
@@ -443,6 +451,11 @@ pub(super) unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
         sync_interval_ms: raw.sync_interval_ms,
         threads: raw.threads,
         gpu_memory_bytes: raw.gpu_memory_bytes,
+        ephemeral: match raw.ephemeral {
+            0 => false,
+            1 => true,
+            v => return Err(Error::new(Status::InvalidArgument, format!("options.ephemeral = {v}; expected 0 or 1"))),
+        },
     })
 }
 

@@ -280,7 +280,7 @@ pub extern "system" fn Java_io_kalos_Native_debugPanic<'l>(mut env: EnvUnowned<'
 }
 
 /// Number of option slots `open` expects (must match `KalosOptions.toNative`).
-const OPT_LEN: usize = 18;
+const OPT_LEN: usize = 19;
 
 fn u32_opt(v: i64, what: &str) -> JResult<u32> {
     u32::try_from(v).or_else(|_| kerr(Status::InvalidArgument, format!("option {what} = {v} is out of range")))
@@ -327,6 +327,7 @@ pub extern "system" fn Java_io_kalos_Native_open<'l>(
             sync_interval_ms: u64_opt(o[15], "syncIntervalMs")?,
             threads: u32_opt(o[16], "threads")?,
             gpu_memory_bytes: u64_opt(o[17], "gpuMemoryBytes")?,
+            ephemeral: o[18] != 0,
             data_dir: if data_dir.is_null() { None } else { Some(data_dir.try_to_string(env)?.into()) },
         };
         let k = Kalos::open(&name, &options)?;

@@ -142,6 +142,8 @@ pub struct Persist {
     /// Sequence number of the first record after the current snapshot.
     snap_seq: u64,
     snap_bytes: u64,
+    /// Unix time (ms) at which the newest complete snapshot was written; 0 = none.
+    snap_unix_ms: u64,
     unsynced: bool,
     last_sync: Instant,
     compact_min: u64,
@@ -330,6 +332,7 @@ impl Persist {
         self.snap_gen = g;
         self.snap_seq = seq;
         self.snap_bytes = size;
+        self.snap_unix_ms = crate::types::now_unix_ms();
         if let Ok(l) = self.dir.list() {
             for &old in l.snaps.iter().filter(|&&x| x < g) {
                 let _ = self.dir.remove(&snap_name(old));
@@ -341,6 +344,14 @@ impl Persist {
         let _ = self.dir.fsync();
     }
 
+    /// Log bytes written since the newest complete snapshot (what recovery would replay).
+    pub fn wal_bytes(&self) -> u64 {
+        self.log_since_snap
+    }
+    /// Unix time (ms) of the newest complete snapshot; 0 when there is none.
+    pub fn last_snapshot_unix_ms(&self) -> u64 {
+        self.snap_unix_ms
+    }
     /// Current generation (for tests and tools).
     pub fn generation(&self) -> u64 {
         self.gen

@@ -43,9 +43,15 @@ impl Persist {
                 ));
             }
         }
-        let (mut snap_seq, mut snap_bytes) = (0u64, 0u64);
+        let (mut snap_seq, mut snap_bytes, mut snap_unix_ms) = (0u64, 0u64, 0u64);
         if l.snaps.contains(&gen) {
             let p = dir.join(&snap_name(gen));
+            // The snapshot's age (metrics) is its file's modification time: it is written once.
+            snap_unix_ms = std::fs::symlink_metadata(&p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64);
             let (h, rows, size, _) = load_snapshot(&dir, &snap_name(gen), Some((dim as u32, metric as u32)), store, false)?;
             if h.generation != gen {
                 return Err(corrupt(&p, 24, format!("header says generation {}, the name says {gen}", h.generation)));
@@ -198,6 +204,7 @@ impl Persist {
             next_seq,
             snap_seq,
             snap_bytes,
+            snap_unix_ms,
             unsynced: false,
             last_sync: Instant::now(),
             compact_min,

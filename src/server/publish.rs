@@ -49,6 +49,7 @@ impl Server {
                 Reply::InSlot(_) => Status::Ok,
             };
             self.metrics.requests += 1;
+            self.metrics.count(p.op(), st, elapsed_ns);
             if st != Status::Ok {
                 self.metrics.errors += 1;
             }

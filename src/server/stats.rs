@@ -5,7 +5,14 @@ use std::time::Instant;
 
 use super::Server;
 use crate::error::Result;
-use crate::wire::{Stats, Writer};
+use crate::error::Status;
+use crate::wire::{OpLatency, OpStatusCount, Stats, Writer, LATENCY_BUCKETS_NS};
+
+/// Op codes counted by op (1..=OPS); others count as op 0.
+const OPS: usize = 8;
+/// Status values counted (0..STATUSES); others count as INTERNAL.
+const STATUSES: usize = 32;
+const BUCKETS: usize = LATENCY_BUCKETS_NS.len() + 1;
 
 /// Recall latencies kept for the percentiles.
 const LATENCY_RING: usize = 4096;
@@ -21,6 +28,11 @@ pub(super) struct Metrics {
     /// Requests taken in the last batch.
     pub(super) queue_depth: u64,
     started: Instant,
+    /// Requests answered by op and status.
+    by_op: [[u64; STATUSES]; OPS],
+    /// Service-time histogram and sum (ns) by op.
+    hist: [[u64; BUCKETS]; OPS],
+    hist_sum: [u64; OPS],
 }
 
 impl Metrics {
@@ -34,7 +46,37 @@ impl Metrics {
             errors: 0,
             queue_depth: 0,
             started: Instant::now(),
+            by_op: [[0; STATUSES]; OPS],
+            hist: [[0; BUCKETS]; OPS],
+            hist_sum: [0; OPS],
         }
+    }
+
+    /// Counts one answered request of `op` with `status` that took `ns` (its batch's time).
+    pub(super) fn count(&mut self, op: u32, status: Status, ns: u64) {
+        let o = if (op as usize) < OPS { op as usize } else { 0 };
+        let s = if (status as usize) < STATUSES { status as usize } else { Status::Internal as usize };
+        self.by_op[o][s] += 1;
+        let b = LATENCY_BUCKETS_NS.iter().position(|&ub| ns <= ub).unwrap_or(BUCKETS - 1);
+        self.hist[o][b] += 1;
+        self.hist_sum[o] = self.hist_sum[o].saturating_add(ns);
+    }
+
+    fn requests_by(&self) -> Vec<OpStatusCount> {
+        let mut v = Vec::new();
+        for (op, row) in self.by_op.iter().enumerate() {
+            for (status, &count) in row.iter().enumerate().filter(|(_, &c)| c > 0) {
+                v.push(OpStatusCount { op: op as u32, status: status as u32, count });
+            }
+        }
+        v
+    }
+
+    fn latency(&self) -> Vec<OpLatency> {
+        (0..OPS)
+            .filter(|&o| self.hist[o].iter().any(|&c| c > 0))
+            .map(|o| OpLatency { op: o as u32, buckets: self.hist[o].to_vec(), sum_ns: self.hist_sum[o] })
+            .collect()
     }
 
     /// Keeps a recall's service time, replacing the oldest once LATENCY_RING are kept.
@@ -76,6 +118,10 @@ impl Server {
             engine_fallbacks: self.router.fallbacks(),
             engine_name: self.engine.describe(),
             fallback_reason: self.router.reason().to_string(),
+            wal_bytes: self.persist.as_ref().map_or(0, |p| p.wal_bytes()),
+            last_snapshot_unix_ms: self.persist.as_ref().map_or(0, |p| p.last_snapshot_unix_ms()),
+            requests_by: m.requests_by(),
+            latency: m.latency(),
         };
         let mut w = Writer::new();
         s.encode(&mut w);

@@ -349,7 +349,7 @@ impl Segment {
                 Some(libc::EACCES) => Status::PermissionDenied,
                 _ => Status::Io,
             };
-            return Err(Error::new(st, format!("shm_open {sname}: {e}: {}", describe_holder(&sname))));
+            return Err(Error::new(st, format!("shm_open /dev/shm{sname}: {e}: {}", describe_holder(&sname))));
         }
         let cleanup = |e: Error| -> Error {
             // SAFETY: fd is ours; the name is ours to remove since creation succeeded.
@@ -373,7 +373,7 @@ impl Segment {
             let e = std::io::Error::from_raw_os_error(r);
             return Err(cleanup(Error::new(
                 Status::Io,
-                format!("cannot reserve {total} bytes of shared memory for {sname} (is /dev/shm full?): {e}"),
+                format!("cannot reserve {total} bytes of shared memory for /dev/shm{sname} (is /dev/shm full?): {e}"),
             )));
         }
         let seg = match Self::map(fd, total, sname.clone(), g.clone()) {
@@ -430,10 +430,10 @@ impl Segment {
             let e = std::io::Error::last_os_error();
             return Err(match e.raw_os_error() {
                 Some(libc::ENOENT) => {
-                    Error::new(Status::NotFound, format!("no Kalos store named {name:?} is being served ({sname} does not exist)"))
+                    Error::new(Status::NotFound, format!("no Kalos store named {name:?} is being served (/dev/shm{sname} does not exist)"))
                 }
-                Some(libc::EACCES) => Error::new(Status::PermissionDenied, format!("shm_open {sname}: {e}")),
-                _ => Error::new(Status::Io, format!("shm_open {sname}: {e}")),
+                Some(libc::EACCES) => Error::new(Status::PermissionDenied, format!("shm_open /dev/shm{sname}: {e}")),
+                _ => Error::new(Status::Io, format!("shm_open /dev/shm{sname}: {e}")),
             });
         }
         let r = Self::attach_fd(fd, name, sname);
@@ -452,7 +452,10 @@ impl Segment {
         // SAFETY: no preconditions.
         let uid = unsafe { libc::geteuid() };
         if st.st_uid != uid {
-            return Err(Error::new(Status::PermissionDenied, format!("{sname} belongs to uid {}, not to us (uid {uid})", st.st_uid)));
+            return Err(Error::new(
+                Status::PermissionDenied,
+                format!("/dev/shm{sname} belongs to uid {}, not to us (uid {uid})", st.st_uid),
+            ));
         }
         let size = st.st_size as usize;
         if size < HEADER_BYTES {
@@ -470,12 +473,12 @@ impl Segment {
             return Err(Error::new(Status::NotFound, format!("store {name:?} is starting (header not published yet)")));
         }
         if magic != MAGIC {
-            return Err(Error::new(Status::Corrupt, format!("{sname} is not a Kalos segment (magic {magic:#x})")));
+            return Err(Error::new(Status::Corrupt, format!("/dev/shm{sname} is not a Kalos segment (magic {magic:#x})")));
         }
         if h.layout_version != LAYOUT_VERSION {
             return Err(Error::new(
                 Status::VersionMismatch,
-                format!("{sname} has layout version {}; this library speaks version {LAYOUT_VERSION}", h.layout_version),
+                format!("/dev/shm{sname} has layout version {}; this library speaks version {LAYOUT_VERSION}", h.layout_version),
             ));
         }
         let g = Geometry {
@@ -501,10 +504,13 @@ impl Segment {
             && h.dtype <= 2
             && h.max_k as usize == crate::types::MAX_K;
         if !consistent {
-            return Err(Error::new(Status::Corrupt, format!("{sname}: header sizes are inconsistent with the {size}-byte mapping")));
+            return Err(Error::new(
+                Status::Corrupt,
+                format!("/dev/shm{sname}: header sizes are inconsistent with the {size}-byte mapping"),
+            ));
         }
         if h.owner_uid != uid {
-            return Err(Error::new(Status::PermissionDenied, format!("{sname} header names owner uid {}, not {uid}", h.owner_uid)));
+            return Err(Error::new(Status::PermissionDenied, format!("/dev/shm{sname} header names owner uid {}, not {uid}", h.owner_uid)));
         }
         let mut seg = seg;
         seg.geometry = g;

@@ -18,6 +18,20 @@ pub const OP_STATS: u32 = 6;
 pub const OP_CLEAR: u32 = 7;
 pub const OP_DELETE_WHERE: u32 = 8;
 
+/// The name of op code `op` (metrics labels); "unknown" for any other value.
+pub fn op_name(op: u32) -> &'static str {
+    match op {
+        OP_RECALL => "recall",
+        OP_UPSERT => "upsert",
+        OP_DELETE => "delete",
+        OP_DELETE_NS => "delete_namespace",
+        OP_GET => "get",
+        OP_STATS => "stats",
+        OP_CLEAR => "clear",
+        _ => "unknown",
+    }
+}
+
 /// RECALL flag: the response carries each hit's payload.
 pub const FLAG_PAYLOADS: u32 = 1;
 /// RECALL flag: a metadata filter expression follows the namespaces (`len u32 | bytes`, padded

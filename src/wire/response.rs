@@ -316,6 +316,50 @@ pub struct Stats {
     /// Why the CUDA engine is not serving: it could not start under backend auto, or it failed
     /// while serving. Empty when nothing fell back.
     pub fallback_reason: String,
+    /// Write-ahead log bytes since the newest snapshot (what recovery would replay); 0 without
+    /// a data directory.
+    pub wal_bytes: u64,
+    /// Unix time of the newest complete snapshot in ms; 0 when there is none.
+    pub last_snapshot_unix_ms: u64,
+    /// Requests answered, by op code (`OP_*`) and status, since the server started.
+    pub requests_by: Vec<OpStatusCount>,
+    /// Service time of the requests of each op code: bucket counts over [`LATENCY_BUCKETS_NS`].
+    pub latency: Vec<OpLatency>,
+}
+
+/// The upper bounds (ns) of the service-time histogram buckets; a last bucket counts the rest.
+pub const LATENCY_BUCKETS_NS: [u64; 14] = [
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    100_000_000,
+    1_000_000_000,
+];
+
+/// One (op, status) request counter of [`Stats::requests_by`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpStatusCount {
+    pub op: u32,
+    pub status: u32,
+    pub count: u64,
+}
+
+/// The service-time histogram of one op code: `buckets[i]` counts requests that took at most
+/// `LATENCY_BUCKETS_NS[i]` (and more than the bound before); the last entry counts the rest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpLatency {
+    pub op: u32,
+    pub buckets: Vec<u64>,
+    pub sum_ns: u64,
 }
 
 impl Stats {
@@ -342,6 +386,15 @@ impl Stats {
         ]);
         w.u32(self.engine_name.len() as u32).bytes(self.engine_name.as_bytes());
         w.u32(self.fallback_reason.len() as u32).bytes(self.fallback_reason.as_bytes());
+        w.u64s(&[self.wal_bytes, self.last_snapshot_unix_ms]);
+        w.u32(self.requests_by.len() as u32);
+        for c in &self.requests_by {
+            w.u32(c.op).u32(c.status).u64(c.count);
+        }
+        w.u32(self.latency.len() as u32);
+        for l in &self.latency {
+            w.u32(l.op).u32(l.buckets.len() as u32).u64s(&l.buckets).u64(l.sum_ns);
+        }
     }
     pub fn decode(r: &mut Reader<'_>) -> Result<Stats> {
         let v = r.u64s(18, "stats")?;
@@ -349,7 +402,30 @@ impl Stats {
         let name = String::from_utf8_lossy(r.take(n, "engine name")?).into_owned();
         let n = r.u32("fallback reason length")? as usize;
         let fallback_reason = String::from_utf8_lossy(r.take(n, "fallback reason")?).into_owned();
+        let more = r.u64s(2, "stats")?;
+        let n = r.u32("request counters")? as usize;
+        if n > r.remaining() / 16 {
+            return Err(Error::new(Status::Corrupt, "stats: request counters past the end"));
+        }
+        let mut requests_by = Vec::with_capacity(n);
+        for _ in 0..n {
+            requests_by.push(OpStatusCount { op: r.u32("op")?, status: r.u32("status")?, count: r.u64("count")? });
+        }
+        let n = r.u32("latency histograms")? as usize;
+        let mut latency = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            let op = r.u32("op")?;
+            let nb = r.u32("buckets")? as usize;
+            if nb > r.remaining() / 8 {
+                return Err(Error::new(Status::Corrupt, "stats: latency buckets past the end"));
+            }
+            latency.push(OpLatency { op, buckets: r.u64s(nb, "buckets")?, sum_ns: r.u64("latency sum")? });
+        }
         Ok(Stats {
+            wal_bytes: more[0],
+            last_snapshot_unix_ms: more[1],
+            requests_by,
+            latency,
             count: v[0],
             capacity: v[1],
             dim: v[2],
@@ -429,7 +505,16 @@ mod tests {
         assert_eq!(read_record(&mut Reader::new(&w.buf), 5, 2).unwrap(), rec);
         assert_eq!(read_deleted(&deleted(42)).unwrap(), 42);
 
-        let s = Stats { count: 3, engine_name: "cpu".into(), fallback_reason: "none here".into(), ..Stats::default() };
+        let s = Stats {
+            count: 3,
+            engine_name: "cpu".into(),
+            fallback_reason: "none here".into(),
+            wal_bytes: 9,
+            last_snapshot_unix_ms: 10,
+            requests_by: vec![OpStatusCount { op: 1, status: 0, count: 5 }, OpStatusCount { op: 2, status: 7, count: 1 }],
+            latency: vec![OpLatency { op: 1, buckets: vec![1, 2, 3], sum_ns: 77 }],
+            ..Stats::default()
+        };
         let mut w = Writer::new();
         s.encode(&mut w);
         assert_eq!(Stats::decode(&mut Reader::new(&w.buf)).unwrap(), s);

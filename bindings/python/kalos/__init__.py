@@ -569,7 +569,7 @@ class Kalos:
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if k < 0 or k > 0xFFFFFFFF:
-            raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k} is not in 1..={KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
+            raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k}; k must be between 1 and {KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
         return 0
 
     def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout, filter=None):  # noqa: A002
@@ -926,6 +926,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     server_spin_ns: Optional[int] = None,
     heartbeat_timeout: Optional[float] = None,
     gpu_memory_bytes: Optional[int] = None,
+    ephemeral: bool = False,
 ) -> Kalos:
     """Opens (or creates) the store ``name`` and returns a :class:`Kalos` handle.
 
@@ -940,7 +941,13 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
         backend: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         capacity: maximum number of memories (default 1,048,576).
         timeout: default deadline of every call, seconds (default 5).
-        data_dir: directory for the write-ahead log and snapshots (default: memory only).
+        data_dir: directory for the write-ahead log and snapshots. Default: role ``"auto"``
+            keeps the store in ``$XDG_DATA_HOME/kalos/<name>`` (or
+            ``~/.local/share/kalos/<name>``), so it outlives this process: when the process
+            running the server exits, another process's auto handle takes the store over from
+            those files; role ``"server"`` keeps it in memory only.
+        ephemeral: role ``"auto"`` without ``data_dir``: keep the store in memory only, alive
+            exactly as long as the process that runs its server.
         sync: WAL policy ``"always"``, ``"interval"`` or ``"never"``; ``sync_interval`` in s.
         max_payload_bytes, slots, slot_bytes, mode, threads, client_spin_ns, server_spin_ns,
         heartbeat_timeout (s), gpu_memory_bytes: see ``kalos_options`` in ``kalos.h``.
@@ -980,6 +987,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
         o.heartbeat_timeout_ms = _ms(heartbeat_timeout, "heartbeat_timeout")
     if sync_interval is not None:
         o.sync_interval_ms = _ms(sync_interval, "sync_interval")
+    o.ephemeral = 1 if ephemeral else 0
     dd = None
     if data_dir is not None:
         dd = os.fsencode(os.fspath(data_dir))

@@ -123,6 +123,7 @@ class kalos_options(Structure):
         ("threads", c_uint32),
         ("sync_interval_ms", c_uint64),
         ("gpu_memory_bytes", c_uint64),
+        ("ephemeral", c_uint32),
     ]
 
 

@@ -2,7 +2,8 @@
 
 Kalos ids and namespaces are unsigned 64-bit integers; LangChain and LlamaIndex use strings.
 
-* **Ids**: ``str_to_u64(s)`` is the first 8 bytes (big-endian) of ``blake2b(s.encode("utf-8"))``:
+* **Ids**: ``str_to_u64(s)`` is the 8-byte BLAKE2b digest (``digest_size=8``, read big-endian) of
+  ``s.encode("utf-8")``:
   deterministic across processes, platforms and Python versions (unlike ``hash()``, which is
   salted per process). The original string id is stored in the payload JSON and returned from
   there, never reconstructed from the hash. Two different strings collide with probability
@@ -20,7 +21,7 @@ from typing import Any
 
 
 def str_to_u64(s: str) -> int:
-    """Deterministic 64-bit id of a string id (blake2b, first 8 bytes, big-endian)."""
+    """Deterministic 64-bit id of a string id (BLAKE2b with digest_size=8, big-endian)."""
     return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "big")
 
 

@@ -10,21 +10,8 @@ use std::time::Instant;
 use kalos::engine::cuda::compile::{self, KernelSpec, Module};
 use kalos::engine::cuda::{device, libraries_present};
 
-/// Runs the doctor; returns the process exit status.
-pub fn run(args: &[String]) -> i32 {
-    let mut do_compile = false;
-    let mut archs: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--compile" => do_compile = true,
-            "--arch" => match it.next() {
-                Some(v) if v.starts_with("sm_") => archs.push(v.clone()),
-                _ => return usage("--arch expects an architecture such as sm_90"),
-            },
-            other => return usage(&format!("doctor: unknown option {other:?}")),
-        }
-    }
+/// Runs the doctor (`--compile`, each `--arch`); returns the process exit status.
+pub fn run(do_compile: bool, mut archs: Vec<String>) -> i32 {
     let gpu_arch = report();
     if !do_compile {
         return 0;
@@ -36,11 +23,6 @@ pub fn run(args: &[String]) -> i32 {
         }
     }
     compile_all(&archs)
-}
-
-fn usage(msg: &str) -> i32 {
-    eprintln!("kalosd: {msg}\nusage: kalosd doctor [--compile] [--arch sm_XX]...");
-    1
 }
 
 /// Prints the machine report; returns the first GPU's architecture, if there is a GPU.

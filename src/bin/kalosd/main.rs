@@ -4,69 +4,181 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use clap::{Parser, Subcommand};
 use kalos::npy::{self, NpyData};
 use kalos::*;
 
 mod data;
 mod doctor;
+mod metrics;
 
-const HELP: &str = "\
-kalosd: serve a Kalos memory store over POSIX shared memory.
+/// kalosd: serve a Kalos memory store over POSIX shared memory.
+///
+/// Exit status: 0 on success (a clean stop), 1 when the command fails (the store cannot be
+/// served, a file is bad), 2 on a usage error (an unknown or malformed option).
+/// Logs go to stderr, one `key=value` line per event; `KALOS_LOG` sets the level
+/// (`error`, `warn`, `info` (default), `debug`, `trace`, or per module: `kalosd=debug`).
+#[derive(Parser, Debug)]
+#[command(name = "kalosd", version, about = "Serve a Kalos memory store over POSIX shared memory", long_about = None)]
+#[command(after_help = "Exit status: 0 on success, 1 when the command fails, 2 on a usage error.\n\
+    Logs: stderr, one key=value line per event; KALOS_LOG=error|warn|info|debug|trace sets the level (default info).\n\
+    Formats: docs/FORMATS.md; durability: docs/DURABILITY.md; configuration: docs/CONFIG.md.")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-USAGE:
-  kalosd serve --name NAME --dim D [options]   create the store and serve until SIGTERM/SIGINT
-  kalosd stats --name NAME                     print the statistics of a running store
-  kalosd import (--data-dir DIR | --name NAME) --dim D --vectors V.npy [--ids I.npy]
-                [--namespaces N.npy] [--payloads P.jsonl] [--metric M]
-                                               bulk-load memories (see docs/FORMATS.md)
-  kalosd export --data-dir DIR --vectors V.npy --ids I.npy [--namespaces N.npy]
-                [--payloads P.jsonl] [--dtype f32|f16]
-                                               write every memory of a stopped store's data dir
-  kalosd repair --data-dir DIR                 recover what is intact after corruption
-  kalosd doctor [--compile] [--arch sm_XX]...  what this machine offers: driver, CUDA version,
-                                               NVRTC (version and path), GPUs, /dev/shm space;
-                                               --compile also compiles every kernel variant the
-                                               engine can request (sm_80, sm_90 and the GPU's
-                                               own, or each --arch) and exits 0 only when all
-                                               compiled; needs NVRTC, no GPU
-  kalosd --help                                this text
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Create the store and serve it until SIGTERM or SIGINT
+    ///
+    /// On SIGTERM or SIGINT the server stops cleanly: pending requests get SERVER_GONE, the
+    /// segment is removed, the data directory (if any) is synced, and final stats are printed.
+    Serve(ServeArgs),
+    /// Print the statistics of a running store
+    Stats(StatsArgs),
+    /// Bulk-load memories into a data directory (offline) or a running store (docs/FORMATS.md)
+    ///
+    /// --data-dir works offline on a directory no server holds (LOCKED otherwise): it recovers
+    /// the directory, adds the rows and commits them with one new snapshot, so an import is
+    /// all-or-nothing. --name sends the rows to a running server through a client (the server
+    /// stamps creation times; rows are acknowledged chunk by chunk). Rows whose expires_ms has
+    /// passed are skipped and counted.
+    Import(data::ImportArgs),
+    /// Write every memory of a stopped store's data directory to .npy and .jsonl files
+    Export(data::ExportArgs),
+    /// Recover what is intact of a damaged data directory
+    ///
+    /// Keeps the intact prefix, moves the original files to DIR/repair-<unix ms>/ and prints
+    /// what it found.
+    Repair(data::RepairArgs),
+    /// Show what this machine offers: driver, CUDA version, NVRTC, GPUs, /dev/shm space
+    ///
+    /// --compile also compiles every kernel variant the engine can request (sm_80, sm_90 and
+    /// the GPU's own, or each --arch) and exits 0 only when all compiled; it needs NVRTC, no GPU.
+    Doctor(DoctorArgs),
+}
 
-SERVE OPTIONS:
-  --name NAME            store name: 1-200 chars of [A-Za-z0-9._-] (segment /dev/shm/kalos.NAME)
-  --dim D                vector dimension (required)
-  --metric M             ip | cosine | l2                       (default cosine)
-  --capacity N           maximum number of memories             (default 1048576)
-  --dtype T              f32 | f16 | bf16 (GPU table storage)   (default f32)
-  --backend B            cpu | cuda | auto                      (default auto; env KALOS_BACKEND)
-  --load FILE.npy        vectors to load at start: float32/float16, shape (n, D)
-  --ids FILE.npy         ids for --load: uint64/int64, shape (n,)  (default 0..n-1)
-  --namespaces FILE.npy  namespaces for --load: uint64, shape (n,) (default all 0)
-  --synthetic N          fill with N synthetic memories instead: clustered unit vectors,
-                         ids 0..N-1, namespace = id % 100 (a user), payload text per memory
-  --seed S               seed for --synthetic                   (default: time)
-  --data-dir DIR         write-ahead log + snapshots directory (default: memory only)
-  --sync P               always | interval | never               (default always)
-  --sync-interval-ms MS  fsync interval for --sync interval       (default 100)
-  --slots N              request slots                           (default 32)
-  --slot-bytes N         bytes per slot                          (default 1048576)
-  --max-payload N        largest payload in bytes                (default 65536)
-  --threads N            CPU engine threads, 0 = all cores       (default 0)
-  --server-spin-us US    busy-poll window after a request        (default 2000)
-  --mode OCTAL           segment permissions                     (default 600)
-  --stats-every S        print stats every S seconds (0 = never) (default 0)
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Store name: 1-200 chars of [A-Za-z0-9._-] (segment /dev/shm/kalos.NAME)
+    #[arg(long)]
+    name: String,
+    /// Vector dimension
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    dim: u32,
+    /// Similarity: ip, cosine or l2
+    #[arg(long, default_value = "cosine", value_parser = parse_metric)]
+    metric: Metric,
+    /// Maximum number of memories
+    #[arg(long, default_value_t = Options::default().capacity)]
+    capacity: u64,
+    /// GPU table storage: f32, f16 or bf16
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: Dtype,
+    /// Engine: cpu, cuda or auto (with auto, KALOS_BACKEND decides)
+    #[arg(long, default_value = "auto", value_parser = parse_backend)]
+    backend: Backend,
+    /// Vectors to load at start: float32/float16 .npy of shape (n, D)
+    #[arg(long, value_name = "FILE.npy", conflicts_with = "synthetic")]
+    load: Option<PathBuf>,
+    /// Ids for --load: uint64/int64 .npy of shape (n,) (default 0..n-1)
+    #[arg(long, value_name = "FILE.npy", requires = "load")]
+    ids: Option<PathBuf>,
+    /// Namespaces for --load: uint64 .npy of shape (n,) (default all 0)
+    #[arg(long, value_name = "FILE.npy", requires = "load")]
+    namespaces: Option<PathBuf>,
+    /// Fill with N synthetic memories: clustered unit vectors, ids 0..N-1, namespace = id % 100
+    #[arg(long, value_name = "N")]
+    synthetic: Option<usize>,
+    /// Seed for --synthetic (default: the time)
+    #[arg(long, requires = "synthetic")]
+    seed: Option<u64>,
+    /// Write-ahead log + snapshots directory (default: memory only)
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// WAL fsync policy: always, interval or never
+    #[arg(long, default_value = "always", value_parser = parse_sync)]
+    sync: SyncPolicy,
+    /// fsync interval for --sync interval, ms
+    #[arg(long, default_value_t = Options::default().sync_interval_ms)]
+    sync_interval_ms: u64,
+    /// Request slots (requests in flight at once)
+    #[arg(long, default_value_t = Options::default().slots)]
+    slots: u32,
+    /// Bytes per slot: bounds one request or response
+    #[arg(long, default_value_t = Options::default().slot_bytes)]
+    slot_bytes: u32,
+    /// Largest payload in bytes
+    #[arg(long, default_value_t = Options::default().max_payload_bytes)]
+    max_payload: u32,
+    /// CPU engine threads, 0 = all cores
+    #[arg(long, default_value_t = 0)]
+    threads: u32,
+    /// Server busy-poll window after a request, µs
+    #[arg(long, default_value_t = Options::default().server_spin_ns / 1000)]
+    server_spin_us: u64,
+    /// Segment permissions, octal
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    mode: u32,
+    /// Log the stats every S seconds (0 = never)
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    stats_every: u64,
+    /// Serve Prometheus metrics over HTTP at ADDR (GET /metrics), e.g. 127.0.0.1:9464
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+}
 
-IMPORT / EXPORT / REPAIR (docs/DURABILITY.md, docs/FORMATS.md):
-  import --data-dir works offline on a directory no server holds (LOCKED otherwise): it recovers
-  the directory, adds the rows and commits them with one new snapshot, so an import is
-  all-or-nothing. import --name sends the rows to a running server through a client (the server
-  stamps creation times; rows are acknowledged chunk by chunk). Rows whose expires_ms has passed
-  are skipped and counted. export needs the directory offline too. repair keeps the intact
-  prefix, moves the original files to DIR/repair-<unix ms>/ and prints what it found.
+#[derive(clap::Args, Debug)]
+struct StatsArgs {
+    /// Store name
+    #[arg(long)]
+    name: String,
+    /// Print one JSON object instead of key=value pairs
+    #[arg(long)]
+    json: bool,
+}
 
-On SIGTERM or SIGINT the server stops cleanly: pending requests get SERVER_GONE, the segment is
-removed, the data directory (if any) is synced, and final stats are printed.
-Exit status: 0 on a clean stop, 1 on a usage error, 2 when the store cannot be served.
-";
+#[derive(clap::Args, Debug)]
+struct DoctorArgs {
+    /// Also compile every kernel variant with the NVRTC found
+    #[arg(long)]
+    compile: bool,
+    /// Architecture to compile for (repeatable), e.g. sm_90
+    #[arg(long, value_parser = parse_arch)]
+    arch: Vec<String>,
+}
+
+fn parse_metric(s: &str) -> std::result::Result<Metric, String> {
+    Metric::parse(s).map_err(|e| e.message)
+}
+fn parse_dtype(s: &str) -> std::result::Result<Dtype, String> {
+    Dtype::parse(s).map_err(|e| e.message)
+}
+fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
+    Backend::parse(s).map_err(|e| e.message)
+}
+fn parse_sync(s: &str) -> std::result::Result<SyncPolicy, String> {
+    match s {
+        "always" => Ok(SyncPolicy::Always),
+        "interval" => Ok(SyncPolicy::Interval),
+        "never" => Ok(SyncPolicy::Never),
+        _ => Err("expected always, interval or never".into()),
+    }
+}
+fn parse_mode(s: &str) -> std::result::Result<u32, String> {
+    match u32::from_str_radix(s, 8) {
+        Ok(m) if m & !0o777 == 0 => Ok(m),
+        _ => Err("expected octal permission bits, e.g. 600".into()),
+    }
+}
+fn parse_arch(s: &str) -> std::result::Result<String, String> {
+    if s.starts_with("sm_") && s.len() > 3 && s[3..].bytes().all(|b| b.is_ascii_digit()) {
+        Ok(s.to_string())
+    } else {
+        Err("expected an architecture such as sm_90".into())
+    }
+}
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -74,30 +186,23 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-struct Args {
-    v: Vec<String>,
-}
-
-impl Args {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.v.iter().position(|a| a == key).and_then(|i| self.v.get(i + 1)).map(|s| s.as_str())
-    }
-    fn num<T: std::str::FromStr>(&self, key: &str, default: T) -> T {
-        match self.get(key) {
-            None => default,
-            Some(s) => s.parse().unwrap_or_else(|_| usage(&format!("{key} expects a number, got {s:?}"))),
-        }
-    }
-}
-
-fn usage(msg: &str) -> ! {
-    eprintln!("kalosd: {msg}\n\n{HELP}");
+/// Logs the failure and exits with status 1.
+fn fail(e: impl std::fmt::Display) -> ! {
+    log::error!("{e}");
     std::process::exit(1)
 }
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    eprintln!("kalosd: {e}");
-    std::process::exit(2)
+/// Logs as `ts_ms=… level=… target=… msg="…"` lines on stderr, filtered by `KALOS_LOG`.
+fn init_logs() {
+    use std::io::Write;
+    env_logger::Builder::new()
+        .parse_filters(&std::env::var("KALOS_LOG").unwrap_or_else(|_| "info".into()))
+        .format(|f, r| {
+            let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            writeln!(f, "ts_ms={ts} level={} target={} msg={:?}", r.level().as_str().to_lowercase(), r.target(), r.args().to_string())
+        })
+        .target(env_logger::Target::Stderr)
+        .init();
 }
 
 fn print_stats(s: &Stats) {
@@ -158,27 +263,57 @@ fn synthetic(k: &Kalos, n: usize, dim: usize, seed: u64) -> Result<usize> {
     Ok(n)
 }
 
-fn load(k: &Kalos, a: &Args, dim: usize) -> Result<usize> {
-    if let Some(n) = a.get("--synthetic") {
-        let n: usize = n.parse().unwrap_or_else(|_| usage("--synthetic expects a count"));
-        let seed =
-            a.num("--seed", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
+/// The stats as one JSON object (`kalosd stats --json`).
+fn stats_json(s: &Stats) -> serde_json::Value {
+    serde_json::json!({
+        "count": s.count,
+        "capacity": s.capacity,
+        "dim": s.dim,
+        "metric": Metric::from_u32(s.metric as u32).map(|m| m.name()).unwrap_or("unknown"),
+        "engine": s.engine_name,
+        "fallback_reason": s.fallback_reason,
+        "engine_fallbacks": s.engine_fallbacks,
+        "requests": s.requests,
+        "queries": s.queries,
+        "batches": s.batches,
+        "errors": s.errors,
+        "p50_us": s.p50_ns as f64 / 1e3,
+        "p99_us": s.p99_ns as f64 / 1e3,
+        "queue_depth": s.queue_depth,
+        "payload_bytes": s.payload_bytes,
+        "uptime_ms": s.uptime_ms,
+        "server_pid": s.server_pid,
+        "wal_bytes": s.wal_bytes,
+        "last_snapshot_unix_ms": (s.last_snapshot_unix_ms != 0).then_some(s.last_snapshot_unix_ms),
+        "requests_by": s.requests_by.iter().map(|c| serde_json::json!({
+            "op": op_name(c.op),
+            "status": Status::from_u32(c.status).name(),
+            "count": c.count,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn load(k: &Kalos, a: &ServeArgs, dim: usize) -> Result<usize> {
+    if let Some(n) = a.synthetic {
+        let seed = a.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        });
         return synthetic(k, n, dim, seed);
     }
-    let Some(vp) = a.get("--load") else { return Ok(0) };
+    let Some(vp) = &a.load else { return Ok(0) };
     let (vals, n) = data::read_vectors(vp, dim)?;
-    let ids: Vec<u64> = match a.get("--ids") {
+    let ids: Vec<u64> = match &a.ids {
         None => (0..n as u64).collect(),
-        Some(p) => match npy::read(&PathBuf::from(p))?.data {
+        Some(p) => match npy::read(p)?.data {
             NpyData::U64(x) if x.len() == n => x,
-            _ => return Err(Error::new(Status::InvalidArgument, format!("{p}: ids must be {n} uint64/int64 values"))),
+            _ => return Err(Error::new(Status::InvalidArgument, format!("{}: ids must be {n} uint64/int64 values", p.display()))),
         },
     };
-    let ns: Option<Vec<u64>> = match a.get("--namespaces") {
+    let ns: Option<Vec<u64>> = match &a.namespaces {
         None => None,
-        Some(p) => match npy::read(&PathBuf::from(p))?.data {
+        Some(p) => match npy::read(p)?.data {
             NpyData::U64(x) if x.len() == n => Some(x),
-            _ => return Err(Error::new(Status::InvalidArgument, format!("{p}: namespaces must be {n} uint64 values"))),
+            _ => return Err(Error::new(Status::InvalidArgument, format!("{}: namespaces must be {n} uint64 values", p.display()))),
         },
     };
     let chunk = 4096;
@@ -195,58 +330,57 @@ fn load(k: &Kalos, a: &Args, dim: usize) -> Result<usize> {
     Ok(n)
 }
 
-fn serve(a: &Args) {
-    let name = a.get("--name").unwrap_or_else(|| usage("serve needs --name"));
-    let dim: u32 = a.num("--dim", 0);
-    if dim == 0 {
-        usage("serve needs --dim");
-    }
-    let mut o = Options { role: Role::Server, dim, ..Options::default() };
-    if let Some(m) = a.get("--metric") {
-        o.metric = Metric::parse(m).unwrap_or_else(|e| usage(&e.message));
-    }
-    if let Some(t) = a.get("--dtype") {
-        o.dtype = Dtype::parse(t).unwrap_or_else(|e| usage(&e.message));
-    }
-    if let Some(b) = a.get("--backend") {
-        o.backend = Backend::parse(b).unwrap_or_else(|e| usage(&e.message));
-    }
-    if let Some(s) = a.get("--sync") {
-        o.sync = match s {
-            "always" => SyncPolicy::Always,
-            "interval" => SyncPolicy::Interval,
-            "never" => SyncPolicy::Never,
-            _ => usage("--sync is always, interval or never"),
-        };
-    }
-    o.capacity = a.num("--capacity", o.capacity);
-    o.slots = a.num("--slots", o.slots);
-    o.slot_bytes = a.num("--slot-bytes", o.slot_bytes);
-    o.max_payload_bytes = a.num("--max-payload", o.max_payload_bytes);
-    o.threads = a.num("--threads", o.threads);
-    o.sync_interval_ms = a.num("--sync-interval-ms", o.sync_interval_ms);
-    o.server_spin_ns = a.num::<u64>("--server-spin-us", o.server_spin_ns / 1000) * 1000;
-    if let Some(m) = a.get("--mode") {
-        o.mode = u32::from_str_radix(m, 8).unwrap_or_else(|_| usage("--mode expects octal, e.g. 600"));
-    }
-    o.data_dir = a.get("--data-dir").map(PathBuf::from);
-    let stats_every: u64 = a.num("--stats-every", 0);
+fn serve(a: &ServeArgs) {
+    let name = a.name.as_str();
+    let dim = a.dim;
+    let o = Options {
+        role: Role::Server,
+        dim,
+        metric: a.metric,
+        dtype: a.dtype,
+        backend: a.backend,
+        sync: a.sync,
+        capacity: a.capacity,
+        slots: a.slots,
+        slot_bytes: a.slot_bytes,
+        max_payload_bytes: a.max_payload,
+        threads: a.threads,
+        sync_interval_ms: a.sync_interval_ms,
+        server_spin_ns: a.server_spin_us.saturating_mul(1000),
+        mode: a.mode,
+        data_dir: a.data_dir.clone(),
+        ..Options::default()
+    };
 
     // SAFETY: installing async-signal-safe handlers that only store to an atomic.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let k = Kalos::open(name, &o).unwrap_or_else(|e| fail(e));
+    let k = std::sync::Arc::new(Kalos::open(name, &o).unwrap_or_else(|e| fail(e)));
     match load(&k, a, dim as usize) {
         Ok(0) => {}
-        Ok(n) => eprintln!("kalosd: loaded {n} vectors"),
+        Ok(n) => log::info!("loaded {n} vectors"),
         Err(e) => {
             k.close();
             fail(e)
         }
     }
     let s = k.stats().unwrap_or_else(|e| fail(e));
+    let metrics = match a.metrics {
+        None => None,
+        Some(addr) => match metrics::Endpoint::start(addr, k.clone(), &STOP) {
+            Ok(m) => {
+                log::info!("metrics at http://{}/metrics", m.addr());
+                Some(m)
+            }
+            Err(e) => {
+                k.close();
+                fail(format!("--metrics {addr}: {e}"))
+            }
+        },
+    };
+    // The first line on stdout says the store serves (scripts and tests wait for it).
     println!(
         "kalosd: serving {name:?} dim={dim} metric={} count={} engine={} pid={}",
         o.metric.name(),
@@ -254,18 +388,29 @@ fn serve(a: &Args) {
         s.engine_name,
         std::process::id()
     );
+    log::info!(
+        "serving {name:?} dim={dim} metric={} count={} engine={} pid={}",
+        o.metric.name(),
+        s.count,
+        s.engine_name,
+        std::process::id()
+    );
     if !s.fallback_reason.is_empty() {
-        eprintln!("kalosd: serving from the CPU engine: {}", s.fallback_reason);
+        log::warn!("serving from the CPU engine: {}", s.fallback_reason);
     }
     let mut ticks = 0u64;
     while !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
         ticks += 1;
-        if stats_every > 0 && ticks.is_multiple_of(stats_every * 20) {
+        if a.stats_every > 0 && ticks.is_multiple_of(a.stats_every * 20) {
             if let Ok(s) = k.stats() {
                 print_stats(&s);
             }
         }
+    }
+    log::info!("stopping");
+    if let Some(m) = metrics {
+        m.stop();
     }
     if let Ok(s) = k.stats() {
         print_stats(&s);
@@ -274,28 +419,26 @@ fn serve(a: &Args) {
     println!("kalosd: stopped");
 }
 
-fn stats(a: &Args) {
-    let name = a.get("--name").unwrap_or_else(|| usage("stats needs --name"));
+fn stats(a: &StatsArgs) {
     let o = Options { role: Role::Client, timeout_ms: 2000, ..Options::default() };
-    let k = Kalos::open(name, &o).unwrap_or_else(|e| fail(e));
+    let k = Kalos::open(&a.name, &o).unwrap_or_else(|e| fail(e));
     let s = k.stats().unwrap_or_else(|e| fail(e));
-    print_stats(&s);
+    if a.json {
+        println!("{}", stats_json(&s));
+    } else {
+        print_stats(&s);
+    }
 }
 
 fn main() {
-    let v: Vec<String> = std::env::args().skip(1).collect();
-    if v.is_empty() || v.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{HELP}");
-        return;
-    }
-    let a = Args { v: v[1..].to_vec() };
-    match v[0].as_str() {
-        "serve" => serve(&a),
-        "stats" => stats(&a),
-        "import" => data::import(&a),
-        "export" => data::export(&a),
-        "repair" => data::repair(&a),
-        "doctor" => std::process::exit(doctor::run(&a.v)),
-        c => usage(&format!("unknown command {c:?}")),
+    let cli = Cli::parse();
+    init_logs();
+    match cli.cmd {
+        Cmd::Serve(a) => serve(&a),
+        Cmd::Stats(a) => stats(&a),
+        Cmd::Import(a) => data::import(&a),
+        Cmd::Export(a) => data::export(&a),
+        Cmd::Repair(a) => data::repair(&a),
+        Cmd::Doctor(a) => std::process::exit(doctor::run(a.compile, a.arch)),
     }
 }

@@ -76,6 +76,7 @@ public final class KalosOptions {
     final int threads;
     final long gpuMemoryBytes;
     final Path dataDir;
+    final boolean ephemeral;
 
     private KalosOptions(Builder b) {
         role = b.role;
@@ -97,6 +98,7 @@ public final class KalosOptions {
         threads = b.threads;
         gpuMemoryBytes = b.gpuMemoryBytes;
         dataDir = b.dataDir;
+        ephemeral = b.ephemeral;
     }
 
     /** A builder with the library defaults. */
@@ -114,12 +116,12 @@ public final class KalosOptions {
     public Metric metric() { return metric; }
     public long timeoutMs() { return timeoutMs; }
 
-    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 18 entries, in this order). */
+    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 19 entries, in this order). */
     long[] toNative() {
         return new long[] {
             role.code, dim, metric.code, dtype.code, backend.code, capacity, slots, slotBytes, mode,
             maxPayloadBytes, clientSpinNs, serverSpinNs, timeoutMs, heartbeatTimeoutMs, sync.code,
-            syncIntervalMs, threads, gpuMemoryBytes,
+            syncIntervalMs, threads, gpuMemoryBytes, ephemeral ? 1 : 0,
         };
     }
 
@@ -144,6 +146,7 @@ public final class KalosOptions {
         private int threads = 0;
         private long gpuMemoryBytes = 0;
         private Path dataDir = null;
+        private boolean ephemeral = false;
 
         private Builder() {}
 
@@ -182,8 +185,18 @@ public final class KalosOptions {
         public Builder threads(int v) { threads = v; return this; }
         /** GPU memory the CUDA engine may use, bytes (0 = 90% of free memory). */
         public Builder gpuMemoryBytes(long v) { gpuMemoryBytes = v; return this; }
-        /** Write-ahead log + snapshot directory (null = memory only). */
+        /**
+         * Write-ahead log + snapshot directory. Null: role AUTO keeps the store in
+         * {@code $XDG_DATA_HOME/kalos/<name>} (or {@code ~/.local/share/kalos/<name>}) unless
+         * {@link #ephemeral(boolean)}; role SERVER keeps it in memory only.
+         */
         public Builder dataDir(Path v) { dataDir = v; return this; }
+        /**
+         * Role AUTO without a data directory: keep the store in memory only, alive exactly as
+         * long as its server process (default false: durable, and taken over by another process's
+         * AUTO handle when the server's process exits).
+         */
+        public Builder ephemeral(boolean v) { ephemeral = v; return this; }
 
         public KalosOptions build() {
             return new KalosOptions(this);

@@ -248,14 +248,16 @@ final class TestUtil {
             }
         }
 
-        /** SIGKILL and reap; removes the stale segment it leaves behind. */
+        /** SIGKILL and reap; removes the stale segment and election lock it leaves behind. */
         void kill() throws InterruptedException {
             process.destroyForcibly();
             process.waitFor(10, TimeUnit.SECONDS);
-            try {
-                Files.deleteIfExists(Paths.get("/dev/shm/kalos." + name));
-            } catch (IOException ignored) {
-                // best effort
+            for (String f : new String[] {"/dev/shm/kalos." + name, "/dev/shm/kalos." + name + ".lock"}) {
+                try {
+                    Files.deleteIfExists(Paths.get(f));
+                } catch (IOException ignored) {
+                    // best effort
+                }
             }
         }
 
