@@ -33,7 +33,8 @@ pub mod request;
 pub mod response;
 
 pub use codec::{f32_bytes, f32_view, Reader, Writer, NONE_U32};
-pub use request::{op_name, FLAG_PAYLOADS, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_GET, OP_RECALL, OP_STATS, OP_UPSERT};
+pub use request::{
+    op_name, FLAG_FILTER, FLAG_PAYLOADS, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_GET, OP_RECALL, OP_STATS, OP_UPSERT,
+};
 pub use request::{SearchRequest, SlotQueries};
-pub use request::{FLAG_FILTER, FLAG_PAYLOADS, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_GET, OP_RECALL, OP_STATS, OP_UPSERT};
 pub use response::{DirectOut, OpLatency, OpStatusCount, Stats, LATENCY_BUCKETS_NS};

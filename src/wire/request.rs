@@ -28,6 +28,7 @@ pub fn op_name(op: u32) -> &'static str {
         OP_GET => "get",
         OP_STATS => "stats",
         OP_CLEAR => "clear",
+        OP_DELETE_WHERE => "delete_where",
         _ => "unknown",
     }
 }
