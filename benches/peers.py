@@ -50,7 +50,7 @@ class KalosOptions(ctypes.Structure):
 def head_to_head(lib, faiss, tag, x, qs, iters, threads):
     """Alternates kalos_recall (server with `threads` engine threads) and faiss with `threads`."""
     o = KalosOptions()
-    lib.kalos_options_init(ctypes.byref(o))
+    lib.kalos_options_init(ctypes.byref(o), ctypes.sizeof(o))
     o.role, o.dim, o.metric, o.backend = 1, x.shape[1], 0, 1  # server, ip, cpu
     o.capacity, o.threads, o.timeout_ms = x.shape[0], threads, 120000
     o.client_spin_ns, o.server_spin_ns = int(os.environ.get("KALOS_H2H_SPIN", "20000")), 2000000

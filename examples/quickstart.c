@@ -20,7 +20,7 @@ static int fail(const char *what, kalos_status st) {
 
 int main(void) {
     kalos_options opts;
-    kalos_options_init(&opts);
+    kalos_options_init(&opts, sizeof opts);
     opts.dim = DIM;
     opts.metric = KALOS_METRIC_COSINE;
 
@@ -40,7 +40,7 @@ int main(void) {
     uint32_t lens[3] = {15, 15, 20};
 
     kalos_upsert_params up;
-    kalos_upsert_params_init(&up);
+    kalos_upsert_params_init(&up, sizeof up);
     up.namespaces = users;
     up.namespaces_len = 3;
     up.payloads = (const uint8_t *)text;
@@ -54,7 +54,7 @@ int main(void) {
     float query[DIM] = {1.0f, 0.0f, 0.0f, 0.0f};
     uint64_t user = 1;
     kalos_recall_params rp;
-    kalos_recall_params_init(&rp);
+    kalos_recall_params_init(&rp, sizeof rp);
     rp.namespaces = &user;
     rp.namespaces_len = 1;
 

@@ -336,23 +336,32 @@ typedef struct kalos_stats_info {
 extern "C" {
 #endif // __cplusplus
 
-// Fills `opts` with the defaults (and `struct_size`). NULL is a no-op.
+// Fills the caller's options struct with the defaults and sets `struct_size`. Pass
+// `sizeof(struct kalos_options)` as `size`: the library writes at most `size` bytes, so a
+// program built against an older header (a smaller struct) stays within what it allocated,
+// and fields the caller's layout lacks take their defaults in `kalos_open`. NULL, or `size`
+// below 4, is a no-op. Thread-safe (touches only `*opts`).
 //
 // # Safety
-// `opts` must be NULL or point to writable memory of `sizeof(kalos_options)`.
-void kalos_options_init(struct kalos_options *opts);
+// `opts` must be NULL or point to `size` writable bytes.
+void kalos_options_init(struct kalos_options *opts, size_t size);
 
-// Fills `params` with the defaults (all namespaces, no recency, default deadline).
+// Fills `params` with the defaults (all namespaces, no recency, default deadline) and sets
+// `struct_size`. Pass `sizeof(struct kalos_recall_params)` as `size`; at most `size` bytes are
+// written (see `kalos_options_init`). NULL, or `size` below 4, is a no-op. Thread-safe.
 //
 // # Safety
-// `params` must be NULL or point to a writable `kalos_recall_params`.
-void kalos_recall_params_init(struct kalos_recall_params *params);
+// `params` must be NULL or point to `size` writable bytes.
+void kalos_recall_params_init(struct kalos_recall_params *params, size_t size);
 
-// Fills `params` with the defaults (namespace 0, no payloads, no expiry, default deadline).
+// Fills `params` with the defaults (namespace 0, no payloads, no expiry, default deadline)
+// and sets `struct_size`. Pass `sizeof(struct kalos_upsert_params)` as `size`; at most `size`
+// bytes are written (see `kalos_options_init`). NULL, or `size` below 4, is a no-op.
+// Thread-safe.
 //
 // # Safety
-// `params` must be NULL or point to a writable `kalos_upsert_params`.
-void kalos_upsert_params_init(struct kalos_upsert_params *params);
+// `params` must be NULL or point to `size` writable bytes.
+void kalos_upsert_params_init(struct kalos_upsert_params *params, size_t size);
 
 // Opens the store `name` (1-200 chars of `[A-Za-z0-9._-]`) in the role `opts->role` and
 // writes a new handle to `*out`.
@@ -409,11 +418,13 @@ kalos_status kalos_recall(const struct kalos_handle *h,
 // least its `struct_size` bytes whose fields satisfy `kalos_recall`'s contract.
 kalos_status kalos_recall_with(struct kalos_recall_args *args);
 
-// Fills `args` with zeros and NULLs, `k` = 10 and `struct_size`. NULL is a no-op.
+// Fills `args` with zeros and NULLs, `k` = 10, and sets `struct_size`. Pass
+// `sizeof(struct kalos_recall_args)` as `size`; at most `size` bytes are written (see
+// `kalos_options_init`). NULL, or `size` below 4, is a no-op. Thread-safe.
 //
 // # Safety
-// `args` must be NULL or point to writable memory of `sizeof(kalos_recall_args)`.
-void kalos_recall_args_init(struct kalos_recall_args *args);
+// `args` must be NULL or point to `size` writable bytes.
+void kalos_recall_args_init(struct kalos_recall_args *args, size_t size);
 
 // Recalls the top-`k` for each of `nq` queries (`queries_len` = nq × dim floats, row-major).
 //

@@ -448,7 +448,7 @@ fn the_c_abi_reads_filters_only_within_struct_size() {
     let mut h: *mut kalos_handle = std::ptr::null_mut();
     // SAFETY: init writes the whole struct; the pointers passed live for each call.
     unsafe {
-        kalos_options_init(o.as_mut_ptr());
+        kalos_options_init(o.as_mut_ptr(), std::mem::size_of_val(&o));
         let mut o = o.assume_init();
         o.dim = DIM as u32;
         o.metric = 0;
@@ -461,7 +461,7 @@ fn the_c_abi_reads_filters_only_within_struct_size() {
     let mut up = std::mem::MaybeUninit::<kalos_upsert_params>::uninit();
     // SAFETY: as above.
     let mut up = unsafe {
-        kalos_upsert_params_init(up.as_mut_ptr());
+        kalos_upsert_params_init(up.as_mut_ptr(), std::mem::size_of_val(&up));
         up.assume_init()
     };
     up.fields = meta.as_ptr();
@@ -472,7 +472,7 @@ fn the_c_abi_reads_filters_only_within_struct_size() {
     let mut p = std::mem::MaybeUninit::<kalos_recall_params>::uninit();
     // SAFETY: as above.
     let mut p = unsafe {
-        kalos_recall_params_init(p.as_mut_ptr());
+        kalos_recall_params_init(p.as_mut_ptr(), std::mem::size_of_val(&p));
         p.assume_init()
     };
     p.filter = f.as_ptr();

@@ -73,7 +73,7 @@ static kalos_status kgo_dim(const kalos_handle *h, uint32_t *dim, char *eb) {
 
 static void kgo_recall_params(kalos_recall_params *p, const uint64_t *ns, size_t ns_len,
                               float rw, double hl, uint64_t tmo) {
-	kalos_recall_params_init(p);
+	kalos_recall_params_init(p, sizeof *p);
 	p->namespaces = ns;
 	p->namespaces_len = ns_len;
 	p->recency_weight = rw;
@@ -125,7 +125,7 @@ static kalos_status kgo_upsert(const kalos_handle *h, const uint64_t *ids, size_
                                size_t payloads_len, const uint32_t *lens, size_t lens_len,
                                uint64_t ttl_ms, uint64_t expires_at_ms, uint64_t tmo, char *eb) {
 	kalos_upsert_params p;
-	kalos_upsert_params_init(&p);
+	kalos_upsert_params_init(&p, sizeof p);
 	p.namespace_id = ns_id;
 	p.namespaces = ns;
 	p.namespaces_len = ns_len;
@@ -284,7 +284,7 @@ func cstatus(st C.kalos_status) Status { return Status(st) }
 
 func cOpen(name string, o *Options) (cHandle, Status, string) {
 	var opts C.kalos_options
-	C.kalos_options_init(&opts)
+	C.kalos_options_init(&opts, C.sizeof_struct_kalos_options)
 	o.fill(&opts)
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))

@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     int iters = atoi(argv[2]);
     uint32_t k = (uint32_t)atoi(argv[3]);
     kalos_options o;
-    kalos_options_init(&o);
+    kalos_options_init(&o, sizeof o);
     o.role = KALOS_ROLE_CLIENT;
     if (getenv("BENCH_SPIN_NS")) o.client_spin_ns = strtoull(getenv("BENCH_SPIN_NS"), NULL, 10);
     kalos_handle *h = NULL;

@@ -338,70 +338,91 @@ fn defaults() -> kalos_options {
     }
 }
 
-/// Fills `opts` with the defaults (and `struct_size`). NULL is a no-op.
+/// Writes the first `min(size, size_of::<T>())` bytes of `value` to `dst` and sets its leading
+/// `struct_size` field to that count: an initialiser called by a program built against an older,
+/// smaller layout fills exactly the struct that program allocated.
 ///
 /// # Safety
-/// `opts` must be NULL or point to writable memory of `sizeof(kalos_options)`.
-#[no_mangle]
-pub unsafe extern "C" fn kalos_options_init(opts: *mut kalos_options) {
-    if !opts.is_null() {
-        // SAFETY: non-NULL, points to a writable kalos_options per the contract.
-        unsafe { opts.write(defaults()) };
+/// `dst` NULL or writable for `size` bytes; `T` is `#[repr(C)]` with a leading `u32`
+/// `struct_size` field.
+pub(super) unsafe fn write_prefix<T>(dst: *mut T, value: T, size: usize) {
+    let n = size.min(std::mem::size_of::<T>());
+    if dst.is_null() || n < std::mem::size_of::<u32>() {
+        return;
+    }
+    // SAFETY: `value` is a live T of size_of::<T>() ≥ n bytes; `dst` is writable for
+    // size ≥ n bytes per the contract; a stack value and the caller's struct do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst as *mut u8, n);
+        (dst as *mut u32).write_unaligned(n as u32);
     }
 }
 
-/// Fills `params` with the defaults (all namespaces, no recency, default deadline).
+/// Fills the caller's options struct with the defaults and sets `struct_size`. Pass
+/// `sizeof(struct kalos_options)` as `size`: the library writes at most `size` bytes, so a
+/// program built against an older header (a smaller struct) stays within what it allocated,
+/// and fields the caller's layout lacks take their defaults in `kalos_open`. NULL, or `size`
+/// below 4, is a no-op. Thread-safe (touches only `*opts`).
 ///
 /// # Safety
-/// `params` must be NULL or point to a writable `kalos_recall_params`.
+/// `opts` must be NULL or point to `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn kalos_recall_params_init(params: *mut kalos_recall_params) {
-    if !params.is_null() {
-        // SAFETY: non-NULL and writable per the contract.
-        unsafe {
-            params.write(kalos_recall_params {
-                struct_size: std::mem::size_of::<kalos_recall_params>() as u32,
-                _reserved: 0,
-                namespaces: std::ptr::null(),
-                namespaces_len: 0,
-                recency_weight: 0.0,
-                _reserved2: 0,
-                recency_half_life_ms: 0.0,
-                timeout_ms: 0,
-                filter: std::ptr::null(),
-                filter_len: 0,
-            })
-        };
-    }
+pub unsafe extern "C" fn kalos_options_init(opts: *mut kalos_options, size: usize) {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { write_prefix(opts, defaults(), size) };
 }
 
-/// Fills `params` with the defaults (namespace 0, no payloads, no expiry, default deadline).
+/// Fills `params` with the defaults (all namespaces, no recency, default deadline) and sets
+/// `struct_size`. Pass `sizeof(struct kalos_recall_params)` as `size`; at most `size` bytes are
+/// written (see `kalos_options_init`). NULL, or `size` below 4, is a no-op. Thread-safe.
 ///
 /// # Safety
-/// `params` must be NULL or point to a writable `kalos_upsert_params`.
+/// `params` must be NULL or point to `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn kalos_upsert_params_init(params: *mut kalos_upsert_params) {
-    if !params.is_null() {
-        // SAFETY: non-NULL and writable per the contract.
-        unsafe {
-            params.write(kalos_upsert_params {
-                struct_size: std::mem::size_of::<kalos_upsert_params>() as u32,
-                _reserved: 0,
-                namespace_id: 0,
-                namespaces: std::ptr::null(),
-                namespaces_len: 0,
-                payloads: std::ptr::null(),
-                payloads_len: 0,
-                payload_lens: std::ptr::null(),
-                payload_lens_len: 0,
-                ttl_ms: 0,
-                expires_at_ms: 0,
-                timeout_ms: 0,
-                fields: std::ptr::null(),
-                fields_len: 0,
-            })
-        };
-    }
+pub unsafe extern "C" fn kalos_recall_params_init(params: *mut kalos_recall_params, size: usize) {
+    let value = kalos_recall_params {
+        struct_size: std::mem::size_of::<kalos_recall_params>() as u32,
+        _reserved: 0,
+        namespaces: std::ptr::null(),
+        namespaces_len: 0,
+        recency_weight: 0.0,
+        _reserved2: 0,
+        recency_half_life_ms: 0.0,
+        timeout_ms: 0,
+        filter: std::ptr::null(),
+        filter_len: 0,
+    };
+    // SAFETY: the caller's contract, passed on.
+    unsafe { write_prefix(params, value, size) };
+}
+
+/// Fills `params` with the defaults (namespace 0, no payloads, no expiry, default deadline)
+/// and sets `struct_size`. Pass `sizeof(struct kalos_upsert_params)` as `size`; at most `size`
+/// bytes are written (see `kalos_options_init`). NULL, or `size` below 4, is a no-op.
+/// Thread-safe.
+///
+/// # Safety
+/// `params` must be NULL or point to `size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_upsert_params_init(params: *mut kalos_upsert_params, size: usize) {
+    let value = kalos_upsert_params {
+        struct_size: std::mem::size_of::<kalos_upsert_params>() as u32,
+        _reserved: 0,
+        namespace_id: 0,
+        namespaces: std::ptr::null(),
+        namespaces_len: 0,
+        payloads: std::ptr::null(),
+        payloads_len: 0,
+        payload_lens: std::ptr::null(),
+        payload_lens_len: 0,
+        ttl_ms: 0,
+        expires_at_ms: 0,
+        timeout_ms: 0,
+        fields: std::ptr::null(),
+        fields_len: 0,
+    };
+    // SAFETY: the caller's contract, passed on.
+    unsafe { write_prefix(params, value, size) };
 }
 
 /// Reads an options struct of any size ≥ the v1 prefix (fields past `struct_size` take defaults).

@@ -247,15 +247,14 @@ pub unsafe extern "C" fn kalos_recall_with(args: *mut kalos_recall_args) -> kalo
     })
 }
 
-/// Fills `args` with zeros and NULLs, `k` = 10 and `struct_size`. NULL is a no-op.
+/// Fills `args` with zeros and NULLs, `k` = 10, and sets `struct_size`. Pass
+/// `sizeof(struct kalos_recall_args)` as `size`; at most `size` bytes are written (see
+/// `kalos_options_init`). NULL, or `size` below 4, is a no-op. Thread-safe.
 ///
 /// # Safety
-/// `args` must be NULL or point to writable memory of `sizeof(kalos_recall_args)`.
+/// `args` must be NULL or point to `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn kalos_recall_args_init(args: *mut kalos_recall_args) {
-    if args.is_null() {
-        return;
-    }
+pub unsafe extern "C" fn kalos_recall_args_init(args: *mut kalos_recall_args, size: usize) {
     let a = kalos_recall_args {
         struct_size: std::mem::size_of::<kalos_recall_args>() as u32,
         k: 10,
@@ -269,8 +268,8 @@ pub unsafe extern "C" fn kalos_recall_args_init(args: *mut kalos_recall_args) {
         scores_len: 0,
         count: 0,
     };
-    // SAFETY: non-NULL and writable for the struct per the contract.
-    unsafe { args.write(a) };
+    // SAFETY: the caller's contract, passed on.
+    unsafe { super::abi::write_prefix(args, a, size) };
 }
 
 /// One recall for `kalos_recall` and `kalos_recall_with`; returns the hit count.

@@ -107,7 +107,7 @@ static int agree(const uint64_t *ids, const float *scores, size_t count, const r
 }
 
 static void opts_default(kalos_options *o, uint32_t role, uint32_t dim) {
-    kalos_options_init(o);
+    kalos_options_init(o, sizeof *o);
     o->role = role;
     o->dim = dim;
     o->metric = KALOS_METRIC_IP;
@@ -302,7 +302,7 @@ static void test_errors(void) {
     CHECK_STATUS(kalos_upsert(h, NULL, 3, v, 12, NULL), KALOS_NULL_POINTER);
     {
         kalos_upsert_params p;
-        kalos_upsert_params_init(&p);
+        kalos_upsert_params_init(&p, sizeof p);
         uint8_t big[17] = {0};
         uint32_t lens[1] = {17};
         p.payloads = big;
@@ -310,7 +310,7 @@ static void test_errors(void) {
         p.payload_lens = lens;
         p.payload_lens_len = 1;
         CHECK_STATUS(kalos_upsert(h, ids, 1, v, 4, &p), KALOS_PAYLOAD_TOO_LARGE);
-        kalos_upsert_params_init(&p);
+        kalos_upsert_params_init(&p, sizeof p);
         p.expires_at_ms = 1000; /* 1970 */
         CHECK_STATUS(kalos_upsert(h, ids, 1, v, 4, &p), KALOS_INVALID_ARGUMENT);
     }
@@ -357,7 +357,7 @@ static void test_errors(void) {
     CHECK_STATUS(kalos_recall(h, q, 4, 5, NULL, rid, 4, rsc, 8, &cnt), KALOS_BUFFER_TOO_SMALL);
     {
         kalos_recall_params p;
-        kalos_recall_params_init(&p);
+        kalos_recall_params_init(&p, sizeof p);
         uint64_t many[65] = {0};
         p.namespaces = many;
         p.namespaces_len = 65;
@@ -368,7 +368,7 @@ static void test_errors(void) {
     /* kalos_recall_with: the same recall from a struct, and the same errors */
     {
         kalos_recall_args a;
-        kalos_recall_args_init(&a);
+        kalos_recall_args_init(&a, sizeof a);
         CHECK(a.struct_size == sizeof a && a.k == 10 && a.count == 0, "kalos_recall_args_init");
         uint64_t wid[8];
         float wsc[8];
@@ -404,8 +404,8 @@ static void test_errors(void) {
         a.struct_size = 8;
         CHECK_STATUS(kalos_recall_with(&a), KALOS_INVALID_ARGUMENT);
         CHECK_STATUS(kalos_recall_with(NULL), KALOS_NULL_POINTER);
-        kalos_recall_args_init(NULL); /* a no-op */
-        kalos_recall_args_init(&a);
+        kalos_recall_args_init(NULL, sizeof a); /* a no-op */
+        kalos_recall_args_init(&a, sizeof a);
         a.handle = h;
         a.query = q;
         a.query_len = 4;
@@ -564,6 +564,44 @@ static void test_role_auto(void) {
     kalos_close(a);
 }
 
+/* A program built against an older header allocates the older, shorter structs: the
+ * initialisers write only the size it passes, and the library reads only struct_size bytes. */
+static void test_older_layouts(void) {
+    size_t old = offsetof(kalos_options, ephemeral);
+    unsigned char *buf = malloc(old + 64);
+    memset(buf, 0xA5, old + 64);
+    kalos_options_init((kalos_options *)buf, old);
+    int canary = 1;
+    for (size_t i = old; i < old + 64; i++) canary &= buf[i] == 0xA5;
+    kalos_options *o = (kalos_options *)buf;
+    CHECK(canary && o->struct_size == old, "options init wrote past the caller's %zu bytes", old);
+    o->role = KALOS_ROLE_SERVER;
+    o->dim = 4;
+    o->timeout_ms = 3000;
+    char name[64];
+    snprintf(name, sizeof name, "charness-old-%d", (int)getpid());
+    kalos_handle *h = NULL;
+    CHECK_STATUS(kalos_open(name, o, &h), KALOS_OK);
+    size_t oldp = offsetof(kalos_recall_params, filter);
+    unsigned char pbuf[sizeof(kalos_recall_params) + 16];
+    memset(pbuf, 0x5A, sizeof pbuf);
+    kalos_recall_params_init((kalos_recall_params *)pbuf, oldp);
+    canary = 1;
+    for (size_t i = oldp; i < sizeof pbuf; i++) canary &= pbuf[i] == 0x5A;
+    CHECK(canary, "recall params init wrote past the caller's %zu bytes", oldp);
+    uint64_t id = 9, rid[1];
+    float v[4] = {0, 0, 1, 0}, rsc[1];
+    size_t cnt = 0;
+    CHECK_STATUS(kalos_upsert(h, &id, 1, v, 4, NULL), KALOS_OK);
+    CHECK_STATUS(kalos_recall(h, v, 4, 1, (kalos_recall_params *)pbuf, rid, 1, rsc, 1, &cnt), KALOS_OK);
+    CHECK(cnt == 1 && rid[0] == 9, "recall with the older params layout");
+    kalos_options_init(NULL, sizeof *o);
+    kalos_options_init(o, 2); /* below struct_size itself: a no-op */
+    CHECK(o->struct_size == old, "a 2-byte init changed the struct");
+    kalos_close(h);
+    free(buf);
+}
+
 int main(void) {
     const char *seed = getenv("KALOS_SEED");
     g_rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
@@ -572,6 +610,7 @@ int main(void) {
     test_errors();
     test_version_mismatch();
     test_role_auto();
+    test_older_layouts();
     test_server_closed();
     test_server_killed();
     test_multiprocess();

@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     alarm((unsigned)(left_ns / 1000000000ull + timeout_ms / 1000 + 16));
 
     kalos_options o;
-    kalos_options_init(&o);
+    kalos_options_init(&o, sizeof o);
     o.role = KALOS_ROLE_CLIENT;
     o.timeout_ms = timeout_ms;
     if (getenv("CONC_CLIENT_SPIN_NS")) o.client_spin_ns = strtoull(getenv("CONC_CLIENT_SPIN_NS"), NULL, 10);

@@ -24,6 +24,7 @@ class Options(C.Structure):
         ("client_spin_ns", C.c_uint64), ("server_spin_ns", C.c_uint64), ("timeout_ms", C.c_uint64),
         ("heartbeat_timeout_ms", C.c_uint64), ("data_dir", C.c_char_p), ("sync_policy", C.c_uint32),
         ("threads", C.c_uint32), ("sync_interval_ms", C.c_uint64), ("gpu_memory_bytes", C.c_uint64),
+        ("ephemeral", C.c_uint32),
     ]
 
 
@@ -64,9 +65,9 @@ def load(path=None):
     P = C.c_void_p
     lib.kalos_open.argtypes = [C.c_char_p, C.POINTER(Options), C.POINTER(P)]
     lib.kalos_close.argtypes = [P]
-    lib.kalos_options_init.argtypes = [C.POINTER(Options)]
-    lib.kalos_recall_params_init.argtypes = [C.POINTER(RecallParams)]
-    lib.kalos_upsert_params_init.argtypes = [C.POINTER(UpsertParams)]
+    lib.kalos_options_init.argtypes = [C.POINTER(Options), C.c_size_t]
+    lib.kalos_recall_params_init.argtypes = [C.POINTER(RecallParams), C.c_size_t]
+    lib.kalos_upsert_params_init.argtypes = [C.POINTER(UpsertParams), C.c_size_t]
     lib.kalos_recall.argtypes = [P, P, C.c_size_t, C.c_uint32, C.POINTER(RecallParams), P, C.c_size_t, P, C.c_size_t, C.POINTER(C.c_size_t)]
     lib.kalos_recall_batch.argtypes = [P, P, C.c_size_t, C.c_size_t, C.c_uint32, C.POINTER(RecallParams), P, C.c_size_t, P, C.c_size_t, P, C.c_size_t]
     lib.kalos_upsert.argtypes = [P, P, C.c_size_t, P, C.c_size_t, C.POINTER(UpsertParams)]
@@ -91,7 +92,7 @@ class Store:
                  client_spin_ns=200_000, timeout_ms=60_000):
         self.lib = lib
         o = Options()
-        lib.kalos_options_init(C.byref(o))
+        lib.kalos_options_init(C.byref(o), C.sizeof(o))
         o.role, o.dim, o.metric, o.dtype, o.backend = role, dim, metric, dtype, backend
         o.capacity, o.slots, o.slot_bytes, o.gpu_memory_bytes = capacity, slots, slot_bytes, gpu_memory_bytes
         o.server_spin_ns, o.client_spin_ns, o.timeout_ms = server_spin_ns, client_spin_ns, timeout_ms
@@ -115,7 +116,7 @@ class Store:
         ids = np.ascontiguousarray(ids, dtype=np.uint64)
         vecs = np.ascontiguousarray(vecs, dtype=np.float32)
         p = UpsertParams()
-        self.lib.kalos_upsert_params_init(C.byref(p))
+        self.lib.kalos_upsert_params_init(C.byref(p), C.sizeof(p))
         keep = None
         if namespaces is not None:
             keep = np.ascontiguousarray(namespaces, dtype=np.uint64)
@@ -145,7 +146,7 @@ class Store:
         if namespaces is None and recency is None and filter is None:
             return None, None
         p = RecallParams()
-        self.lib.kalos_recall_params_init(C.byref(p))
+        self.lib.kalos_recall_params_init(C.byref(p), C.sizeof(p))
         keep = None
         if filter is not None:  # a filter expression's binary form
             fbuf = (C.c_uint8 * len(filter)).from_buffer_copy(filter)

@@ -19,7 +19,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     kalos_options o;
-    kalos_options_init(&o);
+    kalos_options_init(&o, sizeof o);
     o.role = KALOS_ROLE_SERVER;
     o.dim = DIM;
     o.metric = KALOS_METRIC_IP;

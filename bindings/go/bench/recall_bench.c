@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
 		else if (!strcmp(argv[i], "--fill")) fill = (size_t)atol(argv[i + 1]);
 	}
 	kalos_options o;
-	kalos_options_init(&o);
+	kalos_options_init(&o, sizeof o);
 	o.role = KALOS_ROLE_CLIENT;
 	kalos_handle *h = NULL;
 	kalos_status st = kalos_open(name, &o, &h);

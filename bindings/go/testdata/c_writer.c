@@ -21,7 +21,7 @@ int main(int argc, char **argv) {
 	}
 	size_t n = (size_t)atol(argv[2]);
 	kalos_options o;
-	kalos_options_init(&o);
+	kalos_options_init(&o, sizeof o);
 	o.role = KALOS_ROLE_CLIENT;
 	kalos_handle *h = NULL;
 	kalos_status st = kalos_open(argv[1], &o, &h);
@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
 		}
 	}
 	kalos_upsert_params p;
-	kalos_upsert_params_init(&p);
+	kalos_upsert_params_init(&p, sizeof p);
 	p.namespaces = ns;
 	p.namespaces_len = n;
 	p.payloads = (const uint8_t *)buf;

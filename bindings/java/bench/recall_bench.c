@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
     int iters = atoi(argv[3]), warmup = atoi(argv[4]);
 
     kalos_options o;
-    kalos_options_init(&o);
+    kalos_options_init(&o, sizeof o);
     o.role = KALOS_ROLE_CLIENT;
     kalos_handle *h = NULL;
     kalos_status s = kalos_open(name, &o, &h);

@@ -253,7 +253,7 @@ class _Frame:
         self.ids = np.empty(KALOS_MAX_K, _U64)
         self.scores = np.empty(KALOS_MAX_K, _F32)
         a = self.a = _ffi.kalos_recall_args()
-        _lib.kalos_recall_args_init(byref(a))
+        _lib.kalos_recall_args_init(byref(a), ctypes.sizeof(a))
         a.handle = handle
         a.ids = self.ids.ctypes.data
         a.ids_len = KALOS_MAX_K
@@ -418,7 +418,7 @@ class Kalos:
         if namespace is None and namespaces is None and not recency_weight and timeout is None and fb is None:
             return None, None
         p = _ffi.kalos_recall_params()
-        _lib.kalos_recall_params_init(byref(p))
+        _lib.kalos_recall_params_init(byref(p), ctypes.sizeof(p))
         keep: Any = None
         if fb is not None:
             fbuf = (ctypes.c_uint8 * max(len(fb), 1)).from_buffer_copy(fb or b"\0")
@@ -675,7 +675,7 @@ class Kalos:
         i = _u64_1d(ids)
         v = _f32_c(vectors)
         p = _ffi.kalos_upsert_params()
-        _lib.kalos_upsert_params_init(byref(p))
+        _lib.kalos_upsert_params_init(byref(p), ctypes.sizeof(p))
         p.namespace_id = _u64(namespace, "namespace")
         keep: List[Any] = []
         if namespaces is not None:
@@ -960,7 +960,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     if "\x00" in name:
         raise ERRORS_BY_STATUS[STATUS_CODES["INVALID_NAME"]]("INVALID_NAME: store name contains NUL")
     o = _ffi.kalos_options()
-    _lib.kalos_options_init(byref(o))
+    _lib.kalos_options_init(byref(o), ctypes.sizeof(o))
     role_v = _enum(role, _ROLES, "role")
     o.role = role_v
     o.dim = dim

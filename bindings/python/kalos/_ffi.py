@@ -221,11 +221,11 @@ _P = c_void_p
 #: name -> (restype, [(header C type, ctypes type), ...]). The header C type strings are compared
 #: with include/kalos.h by the drift test, and the ctypes type with the C type's size and kind.
 PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
-    "kalos_options_init": (None, [("struct kalos_options *", POINTER(kalos_options))]),
-    "kalos_recall_params_init": (None, [("struct kalos_recall_params *", POINTER(kalos_recall_params))]),
-    "kalos_recall_args_init": (None, [("struct kalos_recall_args *", POINTER(kalos_recall_args))]),
+    "kalos_options_init": (None, [("struct kalos_options *", POINTER(kalos_options)), ("size_t", c_size_t)]),
+    "kalos_recall_params_init": (None, [("struct kalos_recall_params *", POINTER(kalos_recall_params)), ("size_t", c_size_t)]),
+    "kalos_recall_args_init": (None, [("struct kalos_recall_args *", POINTER(kalos_recall_args)), ("size_t", c_size_t)]),
     "kalos_recall_with": (kalos_status, [("struct kalos_recall_args *", POINTER(kalos_recall_args))]),
-    "kalos_upsert_params_init": (None, [("struct kalos_upsert_params *", POINTER(kalos_upsert_params))]),
+    "kalos_upsert_params_init": (None, [("struct kalos_upsert_params *", POINTER(kalos_upsert_params)), ("size_t", c_size_t)]),
     "kalos_open": (kalos_status, [
         ("const char *", c_char_p),
         ("const struct kalos_options *", POINTER(kalos_options)),

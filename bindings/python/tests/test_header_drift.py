@@ -182,7 +182,7 @@ def test_struct_sizes_match_library():
         (_ffi.kalos_upsert_params, _ffi.lib.kalos_upsert_params_init),
     ):
         s = cls()
-        init(ctypes.byref(s))
+        init(ctypes.byref(s), ctypes.sizeof(s))
         assert s.struct_size == ctypes.sizeof(cls), cls.__name__
 
 
