@@ -83,6 +83,7 @@ struct Table {
     const u64* ns;
     const u64* created;
     const u64* expires;
+    const u32* mask;         // metadata filter: bit r set = row r may match; NULL = no filter
 };
 
 __device__ __forceinline__ u32 f2key(float f) {
@@ -203,6 +204,7 @@ __device__ __forceinline__ u32 make_key(float dot, float qnorm, u32 row, const P
         for (u32 i = 0; i < P.nns; i++) ok |= (sns[i] == ns);
     }
     if (P.flags & FLAG_EXPIRY) ok &= T.expires[row] > P.now_ms;
+    if (T.mask) ok &= (T.mask[row >> 5] >> (row & 31)) & 1u;
     return ok ? f2key(s) : 0u;
 }
 

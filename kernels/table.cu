@@ -102,3 +102,130 @@ extern "C" __global__ void convert_queries(const float* __restrict__ src, u32 nq
         store_elem(dst, i, v);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Metadata filters. Each field column lives on the device as one u64 cell and one presence byte
+// per row (src/filter/program.rs: keyword code, int64 / timestamp bits, float64 bits, bool 1 / 2).
+// col_scatter writes m staged cells to their rows; filter_eval runs a compiled filter program
+// (postfix, a stack of bits in one u64) over every row into a bitmap of matching rows, and
+// appends the first `cap` matching rows to `list` (in no particular order; count[0] counts all).
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void col_scatter(const u32* __restrict__ rows, const u64* __restrict__ vals,
+                                       const unsigned char* __restrict__ has, u32 m, u64* dvals,
+                                       unsigned char* dhas) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += gridDim.x * blockDim.x) {
+        const u32 r = rows[i];
+        dvals[r] = vals[i];
+        dhas[r] = has[i];
+    }
+}
+
+struct FIns {
+    u32 op, col, a, b;  // src/filter/program.rs: Ins
+};
+struct FCol {
+    const u64* vals;
+    const unsigned char* has;
+};
+#define P_FALSE 0u
+#define P_TRUE 1u
+#define P_EXISTS 2u
+#define P_CODE_IN 3u
+#define P_I64_RANGE 4u
+#define P_F64_RANGE 5u
+#define P_BOOL_SET 6u
+#define P_NOT 7u
+#define P_AND 8u
+#define P_OR 9u
+
+__device__ __forceinline__ bool code_in(const u64* __restrict__ c, u32 n, u64 v) {
+    u32 lo = 0, hi = n;
+    while (lo < hi) {
+        const u32 mid = (lo + hi) >> 1;
+        const u64 x = c[mid];
+        if (x == v) return true;
+        if (x < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return false;
+}
+
+// One bit per row; the count of matching rows is summed per block (one global atomic a block),
+// then a block whose rows start below `cap` in the list writes them there.
+extern "C" __global__ void filter_eval(const FIns* __restrict__ prog, u32 nins, const u64* __restrict__ consts,
+                                       const FCol* __restrict__ cols, u32 n, u32* __restrict__ mask,
+                                       u32* __restrict__ list, u32 cap, u32* count) {
+    __shared__ u32 s_cnt, s_base, s_pos;
+    if (threadIdx.x == 0) {
+        s_cnt = 0;
+        s_pos = 0;
+    }
+    __syncthreads();
+    const u32 nwords = (n + 31) / 32;
+    const u32 lane = threadIdx.x & 31;
+    const u32 wstep = gridDim.x * blockDim.x / 32;
+    u32 mine = 0;
+    for (u32 w = (blockIdx.x * blockDim.x + threadIdx.x) / 32; w < nwords; w += wstep) {
+        const u32 r = w * 32 + lane;
+        bool ok = false;
+        if (r < n) {
+            u64 st = 0;
+            u32 sp = 0;
+            for (u32 i = 0; i < nins; i++) {
+                const FIns in = prog[i];
+                u64 v;
+                if (in.op == P_NOT) {
+                    st ^= 1ull << (sp - 1);
+                    continue;
+                } else if (in.op == P_AND || in.op == P_OR) {
+                    const u64 x = (st >> (sp - 1)) & 1ull, y = (st >> (sp - 2)) & 1ull;
+                    sp -= 2;
+                    st &= ~(3ull << sp);
+                    v = in.op == P_AND ? (x & y) : (x | y);
+                } else if (in.op <= P_TRUE) {
+                    v = in.op;
+                } else {
+                    const FCol c = cols[in.col];
+                    const u64 cell = c.vals[r];
+                    bool t = c.has[r] != 0;
+                    if (in.op == P_CODE_IN) t = t && code_in(consts + in.a, in.b, cell);
+                    else if (in.op == P_I64_RANGE)
+                        t = t && (long long)consts[in.a] <= (long long)cell && (long long)cell <= (long long)consts[in.a + 1];
+                    else if (in.op == P_F64_RANGE) {
+                        const double x = __longlong_as_double((long long)cell);
+                        const double lo = __longlong_as_double((long long)consts[in.a]);
+                        const double hi = __longlong_as_double((long long)consts[in.a + 1]);
+                        t = t && ((in.b & 1u) ? x > lo : x >= lo) && ((in.b & 2u) ? x < hi : x <= hi);
+                    } else if (in.op == P_BOOL_SET) t = t && ((in.a >> (u32)cell) & 1u);
+                    else if (in.op != P_EXISTS) t = false;
+                    v = t ? 1ull : 0ull;
+                }
+                st |= v << sp;
+                sp++;
+            }
+            ok = st & 1ull;
+        }
+        const u32 bits = __ballot_sync(0xffffffffu, ok);
+        if (lane == 0) mask[w] = bits;
+        mine += (u32)__popc(bits);
+    }
+    if (lane == 0 && mine) atomicAdd(&s_cnt, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) s_base = s_cnt ? atomicAdd(count, s_cnt) : cap;
+    __syncthreads();
+    if (s_base >= cap) return;
+    __threadfence_block();
+    // This block's words again (each lane reads its own warp's words, written above by lane 0).
+    for (u32 w = (blockIdx.x * blockDim.x + threadIdx.x) / 32; w < nwords; w += wstep) {
+        const u32 bits = __shfl_sync(0xffffffffu, lane == 0 ? ((volatile u32*)mask)[w] : 0u, 0);
+        if (!bits) continue;
+        u32 at = 0;
+        if (lane == 0) at = atomicAdd(&s_pos, (u32)__popc(bits));
+        at = __shfl_sync(0xffffffffu, at, 0);
+        if ((bits >> lane) & 1u) {
+            const u32 p = s_base + at + (u32)__popc(bits & ((1u << lane) - 1u));
+            if (p < cap) list[p] = w * 32 + lane;
+        }
+    }
+}

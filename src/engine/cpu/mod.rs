@@ -301,6 +301,137 @@ impl CpuEngine {
         let by_rows = if nq == 1 { rows / 16 } else { rows.div_ceil(block_rows.max(16)) };
         self.threads.min(by_bytes).min(by_rows).max(1)
     }
+
+    /// [`Engine::search`] with the rows a metadata filter allows already known (`None`: the
+    /// request has no filter): the CUDA engine evaluates a filter on the GPU and passes a very
+    /// selective one's rows here, to be scored on the CPU.
+    pub fn search_allowed(
+        &mut self,
+        store: &Store,
+        req: &SearchRequest<'_>,
+        allowed: Option<Bitmap>,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> Result<()> {
+        let mut host = Vec::new();
+        let req = &super::with_host_queries(req, &mut host)?;
+        let dim = store.dim();
+        let nq = req.nq;
+        let metric = store.metric();
+        let len = store.len();
+        super::reset_out(out, nq);
+        if nq == 0 || req.k == 0 || len == 0 || dim == 0 {
+            return Ok(());
+        }
+        assert!(req.queries.len() >= nq * dim, "query buffer shorter than nq * dim");
+        let k = req.k;
+
+        self.qnorms.clear();
+        if metric == Metric::L2 && nq > 1 {
+            self.qnorms.extend(req.queries[..nq * dim].chunks_exact(dim).map(|q| q.iter().map(|x| x * x).sum::<f32>()));
+        }
+        let block_rows = if nq == 1 { BLOCK_ROWS_SINGLE } else { (BLOCK_BYTES_BATCH / (dim * 4)).clamp(16, 1024) & !3 };
+        let score_len = block_rows * nq.min(QUERY_CHUNK);
+        let matching = allowed.as_ref().map(|b| b.count());
+        if matching == Some(0) {
+            return Ok(());
+        }
+        // A very selective filter: only the matching rows are gathered and scored.
+        let sparse = matching.is_some_and(|m| m.saturating_mul(SPARSE_DIV) <= len);
+        let t = if sparse { 1 } else { self.plan_threads(len, dim, nq, block_rows) };
+        while self.workers.len() < t {
+            self.workers.push(Worker::default());
+        }
+        for w in &mut self.workers[..t] {
+            w.prepare(nq, k, score_len);
+        }
+
+        let ctx = Ctx {
+            isa: self.isa,
+            scan_isa: self.scan_isa,
+            metric,
+            dim,
+            nq,
+            queries: req.queries,
+            qnorms: &self.qnorms,
+            vectors: store.vectors(),
+            norms: store.norms(),
+            ids: store.ids(),
+            namespaces: store.namespaces(),
+            created: store.created_ms(),
+            expires: store.expires_ms(),
+            filter: req.filter,
+            allowed: allowed.as_ref(),
+            check_expiry: store.has_expiring(),
+            now_ms: req.now_ms,
+            recency: req.recency,
+            block_rows,
+        };
+
+        if sparse {
+            let list = allowed.as_ref().map(|b| b.rows()).unwrap_or_default();
+            let w = &mut self.workers[0];
+            for part in list.chunks(block_rows) {
+                score_rows(&ctx, &mut w.tops, &mut w.scores, Rows::Idx(part));
+            }
+        } else if t == 1 {
+            scan(&ctx, &mut self.workers[0], 0, len);
+        } else {
+            // Chunks: one per participant for tables of at most 1 MiB a participant, ~1 MiB
+            // ones for larger tables (dynamic balance). A
+            // participant claims the chunk of its own index first (a bit of `own`), then any
+            // unclaimed one of those, then the rest from `next`.
+            let per = len.div_ceil(t);
+            let mib = ((1usize << 20) / (dim * 4)).max(1).div_ceil(block_rows) * block_rows;
+            let chunk = if len * dim * 4 <= (t << 20) { per } else { mib.min(per) }.max(1);
+            let nchunks = len.div_ceil(chunk);
+            let nown = nchunks.min(OWN_CHUNKS);
+            let own = std::sync::atomic::AtomicU64::new(0);
+            let next = std::sync::atomic::AtomicUsize::new(nown);
+            let slots = WorkerSlots(self.workers.as_mut_ptr(), t);
+            let ctx = &ctx;
+            let work = |idx: usize| {
+                if idx >= t {
+                    return; // a pool larger than this scan's plan
+                }
+                // SAFETY: `idx` is this participant's own index (distinct within the job).
+                let w = unsafe { slots.get(idx) };
+                let mut run = |c: usize| scan(ctx, w, c * chunk, ((c + 1) * chunk).min(len));
+                let claim = |c: usize| own.fetch_or(1 << c, std::sync::atomic::Ordering::Relaxed) & (1 << c) == 0;
+                if idx < nown && claim(idx) {
+                    run(idx);
+                }
+                for c in 0..nown {
+                    if own.load(std::sync::atomic::Ordering::Relaxed) & (1 << c) == 0 && claim(c) {
+                        run(c);
+                    }
+                }
+                loop {
+                    let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if c >= nchunks {
+                        break;
+                    }
+                    run(c);
+                }
+            };
+            let (spin, workers) = (self.spin, self.threads - 1);
+            let pool = self.pool.get_or_insert_with(|| Pool::new(workers, spin));
+            pool.run(&work);
+            let (first, rest) = self.workers[..t].split_first_mut().unwrap();
+            for w in rest.iter() {
+                for qi in 0..nq {
+                    first.tops[qi].merge(&w.tops[qi]);
+                }
+            }
+        }
+        for (qi, o) in out.iter_mut().enumerate() {
+            self.workers[0].tops[qi].drain_hits_into(metric, o);
+        }
+        // A lone query's response body goes straight into the client's slot when offered.
+        if let (1, Some(d)) = (nq, req.direct) {
+            d.write_hits(&out[0]);
+        }
+        Ok(())
+    }
 }
 
 /// Walks rows `r0..r1` and feeds every candidate into `tops[..nq]`.
@@ -441,128 +572,10 @@ impl Engine for CpuEngine {
         Ok(())
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
-        let mut host = Vec::new();
-        let req = &super::with_host_queries(req, &mut host)?;
-        let dim = store.dim();
-        let nq = req.nq;
-        let metric = store.metric();
-        let len = store.len();
-        super::reset_out(out, nq);
-        if nq == 0 || req.k == 0 || len == 0 || dim == 0 {
-            return Ok(());
-        }
-        assert!(req.queries.len() >= nq * dim, "query buffer shorter than nq * dim");
-        let k = req.k;
-
-        self.qnorms.clear();
-        if metric == Metric::L2 && nq > 1 {
-            self.qnorms.extend(req.queries[..nq * dim].chunks_exact(dim).map(|q| q.iter().map(|x| x * x).sum::<f32>()));
-        }
-        let block_rows = if nq == 1 { BLOCK_ROWS_SINGLE } else { (BLOCK_BYTES_BATCH / (dim * 4)).clamp(16, 1024) & !3 };
-        let score_len = block_rows * nq.min(QUERY_CHUNK);
         // A metadata filter is evaluated once, over the field columns, into a bitmap of the
         // rows the scan may score (a pre-filter: rows outside it are never scored).
         let allowed = req.filter.expr.as_ref().map(|_| store.filter_rows(req.filter, req.now_ms));
-        let matching = allowed.as_ref().map(|b| b.count());
-        if matching == Some(0) {
-            return Ok(());
-        }
-        // A very selective filter: only the matching rows are gathered and scored.
-        let sparse = matching.is_some_and(|m| m.saturating_mul(SPARSE_DIV) <= len);
-        let t = if sparse { 1 } else { self.plan_threads(len, dim, nq, block_rows) };
-        while self.workers.len() < t {
-            self.workers.push(Worker::default());
-        }
-        for w in &mut self.workers[..t] {
-            w.prepare(nq, k, score_len);
-        }
-
-        let ctx = Ctx {
-            isa: self.isa,
-            scan_isa: self.scan_isa,
-            metric,
-            dim,
-            nq,
-            queries: req.queries,
-            qnorms: &self.qnorms,
-            vectors: store.vectors(),
-            norms: store.norms(),
-            ids: store.ids(),
-            namespaces: store.namespaces(),
-            created: store.created_ms(),
-            expires: store.expires_ms(),
-            filter: req.filter,
-            allowed: allowed.as_ref(),
-            check_expiry: store.has_expiring(),
-            now_ms: req.now_ms,
-            recency: req.recency,
-            block_rows,
-        };
-
-        if sparse {
-            let list = allowed.as_ref().map(|b| b.rows()).unwrap_or_default();
-            let w = &mut self.workers[0];
-            for part in list.chunks(block_rows) {
-                score_rows(&ctx, &mut w.tops, &mut w.scores, Rows::Idx(part));
-            }
-        } else if t == 1 {
-            scan(&ctx, &mut self.workers[0], 0, len);
-        } else {
-            // Chunks: one per participant for tables of at most 1 MiB a participant, ~1 MiB
-            // ones for larger tables (dynamic balance). A
-            // participant claims the chunk of its own index first (a bit of `own`), then any
-            // unclaimed one of those, then the rest from `next`.
-            let per = len.div_ceil(t);
-            let mib = ((1usize << 20) / (dim * 4)).max(1).div_ceil(block_rows) * block_rows;
-            let chunk = if len * dim * 4 <= (t << 20) { per } else { mib.min(per) }.max(1);
-            let nchunks = len.div_ceil(chunk);
-            let nown = nchunks.min(OWN_CHUNKS);
-            let own = std::sync::atomic::AtomicU64::new(0);
-            let next = std::sync::atomic::AtomicUsize::new(nown);
-            let slots = WorkerSlots(self.workers.as_mut_ptr(), t);
-            let ctx = &ctx;
-            let work = |idx: usize| {
-                if idx >= t {
-                    return; // a pool larger than this scan's plan
-                }
-                // SAFETY: `idx` is this participant's own index (distinct within the job).
-                let w = unsafe { slots.get(idx) };
-                let mut run = |c: usize| scan(ctx, w, c * chunk, ((c + 1) * chunk).min(len));
-                let claim = |c: usize| own.fetch_or(1 << c, std::sync::atomic::Ordering::Relaxed) & (1 << c) == 0;
-                if idx < nown && claim(idx) {
-                    run(idx);
-                }
-                for c in 0..nown {
-                    if own.load(std::sync::atomic::Ordering::Relaxed) & (1 << c) == 0 && claim(c) {
-                        run(c);
-                    }
-                }
-                loop {
-                    let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if c >= nchunks {
-                        break;
-                    }
-                    run(c);
-                }
-            };
-            let (spin, workers) = (self.spin, self.threads - 1);
-            let pool = self.pool.get_or_insert_with(|| Pool::new(workers, spin));
-            pool.run(&work);
-            let (first, rest) = self.workers[..t].split_first_mut().unwrap();
-            for w in rest.iter() {
-                for qi in 0..nq {
-                    first.tops[qi].merge(&w.tops[qi]);
-                }
-            }
-        }
-        for (qi, o) in out.iter_mut().enumerate() {
-            self.workers[0].tops[qi].drain_hits_into(metric, o);
-        }
-        // A lone query's response body goes straight into the client's slot when offered.
-        if let (1, Some(d)) = (nq, req.direct) {
-            d.write_hits(&out[0]);
-        }
-        Ok(())
+        self.search_allowed(store, req, allowed, out)
     }
 }
 

@@ -27,6 +27,8 @@ pub(super) struct Kernels {
     pub(super) gate_bias: sys::CUfunction,
     pub(super) gate_scan: sys::CUfunction,
     pub(super) scatter_rows: sys::CUfunction,
+    pub(super) col_scatter: sys::CUfunction,
+    pub(super) filter_eval: sys::CUfunction,
     pub(super) convert_queries: sys::CUfunction,
     pub(super) check_queries: sys::CUfunction,
     /// The multi-query pass (kernels/multi.cu; f16 and bf16 storage only).
@@ -81,6 +83,8 @@ impl Kernels {
             gate_bias: getf(BATCH, "gate_bias")?,
             gate_scan: getf(BATCH, "gate_scan")?,
             scatter_rows: getf(TABLE, "scatter_rows")?,
+            col_scatter: getf(TABLE, "col_scatter")?,
+            filter_eval: getf(TABLE, "filter_eval")?,
             convert_queries: getf(TABLE, "convert_queries")?,
             check_queries: getf(TABLE, "check_queries")?,
             multi: if spec.dtype == crate::types::Dtype::F32 {

@@ -40,6 +40,7 @@ macro_rules! kargs {
 mod batch;
 pub mod compile;
 pub mod device;
+mod fields;
 mod gate;
 mod kernels;
 mod lt;
@@ -380,6 +381,7 @@ pub struct CudaEngine {
     metric: Metric,
     /// The table mirror and its upload staging.
     table: DevTable,
+    fcols: fields::DevFields,
     /// Single-query path.
     sq: Single,
     /// Batch path: settings, the batch in progress, buffers.
@@ -526,6 +528,7 @@ impl CudaEngine {
                 gated_batches: 0,
                 slot_batches: 0,
             },
+            fcols: fields::DevFields::new(),
             table: DevTable {
                 store_cap: store.capacity(),
                 limit_bytes,
@@ -565,6 +568,60 @@ impl CudaEngine {
         e.ensure_capacity(initial)?;
         e.sync_stream()?;
         Ok(e)
+    }
+
+    /// A recall with a metadata filter (docs/GPU.md, "Metadata filters"): a small table or a
+    /// filter on a tags field goes to the CPU engine; otherwise the filter is evaluated on the
+    /// GPU, and either its few rows are scored on the CPU or the scan runs with its mask.
+    fn search_filtered(&mut self, store: &Store, req: &SearchRequest<'_>, e: &crate::filter::Expr, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);
+        let prog = crate::filter::program::compile(e, store.fields());
+        let small = self.hybrid.on && work < self.hybrid.min_work;
+        let (Some(prog), false, false) = (prog, small, self.table.len == 0) else {
+            self.hybrid.last_cpu = true;
+            return self.hybrid.cpu.search(store, req, out);
+        };
+        if self.table.len != store.len() {
+            return Err(Error::new(Status::Internal, format!("GPU table has {} rows, the store {}", self.table.len, store.len())));
+        }
+        let plan = self.guarded("filter", |e| e.eval_filter(&prog))?;
+        match plan {
+            fields::FilterPlan::Cpu => {
+                self.hybrid.last_cpu = true;
+                self.hybrid.cpu.search(store, req, out)
+            }
+            fields::FilterPlan::Empty => {
+                super::reset_out(out, req.nq);
+                Ok(())
+            }
+            fields::FilterPlan::Rows(rows) => {
+                self.hybrid.last_cpu = true;
+                let allowed = fields::allowed_rows(store, &rows, req);
+                self.hybrid.cpu.search_allowed(store, req, Some(allowed), out)
+            }
+            fields::FilterPlan::Mask => {
+                let mut host = Vec::new();
+                let req = &if req.nq == 1 { super::with_host_queries(req, &mut host)? } else { req.clone() };
+                self.hybrid.last_cpu = false;
+                self.fcols.active_mask = self.fcols.d_mask_ptr();
+                let r = self.guarded("search", |e| {
+                    if req.nq == 1 {
+                        let h = e.search_one(store, req, &req.queries[..e.dim])?;
+                        out.clear();
+                        out.push(h);
+                        Ok(())
+                    } else if e.takes_multi(req) {
+                        let mut host = Vec::new();
+                        let req = super::with_host_queries(req, &mut host)?;
+                        e.search_multi(store, &req, out)
+                    } else {
+                        e.search_batch(store, req, out)
+                    }
+                });
+                self.fcols.active_mask = 0;
+                r
+            }
+        }
     }
 
     fn sync_stream(&self) -> Result<()> {
@@ -724,11 +781,8 @@ impl Engine for CudaEngine {
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);
-        if req.filter.expr.is_some() {
-            // A metadata filter is answered by the exact CPU engine over the store's field
-            // columns (docs/GPU.md, "Metadata filters"); the kernels apply namespaces only.
-            self.hybrid.last_cpu = true;
-            return self.hybrid.cpu.search(store, req, out);
+        if let Some(fx) = &req.filter.expr {
+            return self.search_filtered(store, req, &fx.expr, out);
         }
         if self.hybrid.on && (work < self.hybrid.min_work || (req.nq == 1 && work.saturating_mul(4) <= self.hybrid.min_split_bytes)) {
             self.hybrid.last_cpu = true;

@@ -113,7 +113,7 @@ pub(super) struct Single {
     pub(super) cand_cap: usize,
     /// Single-query graphs by (grid, compact argument), with the table generation they were
     /// built for.
-    pub(super) graphs: HashMap<(u32, bool), (u64, Graph)>,
+    pub(super) graphs: HashMap<(u32, bool, bool), (u64, Graph)>,
 }
 
 /// Argument pointer array of scan_topk / scan_topk_v / scan_topk_c: `first` points at the first
@@ -283,7 +283,7 @@ impl CudaEngine {
         }
         // Graph mode sends the compact argument when the filter fits it.
         let pc = if self.sq.mode == SqMode::Graph && self.kern.scan_topk_c.is_some() { ParamsC::of(&p) } else { None };
-        let key = (grid, pc.is_some());
+        let key = (grid, pc.is_some(), self.fcols.active_mask != 0);
         if self.sq.graphs.get(&key).is_none_or(|(g, _)| *g != self.table.gen) {
             self.sq.graphs.remove(&key);
             let g = self.build_graph(grid, key.1)?;

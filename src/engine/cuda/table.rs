@@ -21,6 +21,8 @@ pub(super) struct TableArg {
     ns: u64,
     created: u64,
     expires: u64,
+    /// Bitmap of the rows a metadata filter lets through (0: no filter).
+    pub(super) mask: u64,
 }
 
 /// The table mirror: `len` rows of room for `cap_rows`, one buffer per column.
@@ -113,6 +115,7 @@ impl CudaEngine {
             ns: self.table.d_ns.ptr,
             created: self.table.d_created.ptr,
             expires: self.table.d_expires.ptr,
+            mask: self.fcols.active_mask,
         }
     }
 
@@ -183,6 +186,6 @@ impl CudaEngine {
             self.sync_stream()?;
         }
         self.table.len = n;
-        Ok(())
+        self.sync_fields(store, &rows)
     }
 }

@@ -14,6 +14,8 @@
 //!   memory has set, matches nothing (so `ne` / `nin` match every row).
 
 use crate::error::{Error, Result, Status};
+pub mod program;
+
 use crate::meta::{put_name, put_value, ColumnData, Columns, Cursor, FieldType, Value};
 
 /// Version byte that starts an encoded expression.
