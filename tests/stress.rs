@@ -89,6 +89,8 @@ struct Counts {
     calls: u64,
     withdrawn: u64,
     writes: u64,
+    /// The longest a call took past its deadline (zero when none did).
+    late: Duration,
 }
 
 /// One worker: random calls on `k` until `until`, every answer checked. `wid` names its own
@@ -100,8 +102,10 @@ fn worker(k: &Kalos, table: &Table, wid: u64, seed: u64, until: Instant) -> std:
     let mut own: HashMap<u64, Vec<f32>> = HashMap::new();
     let mut c = Counts::default();
     let table_only = RecallOptions { namespaces: Some(vec![0]), timeout_ms: Some(UNHURRIED_MS), ..Default::default() };
+    let late = std::cell::Cell::new(Duration::ZERO);
     let timed = |deadline_ms: u64, what: &str, t0: Instant| -> std::result::Result<(), String> {
         let took = t0.elapsed();
+        late.set(late.get().max(took.saturating_sub(Duration::from_millis(deadline_ms))));
         if took > Duration::from_millis(deadline_ms) + SLACK {
             return Err(format!("{what} with a {deadline_ms} ms deadline returned after {took:?}"));
         }
@@ -201,6 +205,7 @@ fn worker(k: &Kalos, table: &Table, wid: u64, seed: u64, until: Instant) -> std:
             }
         }
     }
+    c.late = late.get();
     Ok(c)
 }
 
@@ -228,12 +233,13 @@ fn run_workers(
         total.calls += c.calls;
         total.withdrawn += c.withdrawn;
         total.writes += c.writes;
+        total.late = total.late.max(c.late);
     }
     Ok(total)
 }
 
 /// Runs only as a child (KALOS_STRESS_CHILD="<name> <seed> <first wid> <ms to run>"): two
-/// workers on one handle; prints `<<ok calls withdrawn writes>>` or `<<FAIL why>>`.
+/// workers on one handle; prints `<<ok calls withdrawn writes late_us>>` or `<<FAIL why>>`.
 #[test]
 fn stress_child() {
     let Ok(arg) = std::env::var("KALOS_STRESS_CHILD") else { return };
@@ -242,7 +248,7 @@ fn stress_child() {
     let until = Instant::now() + Duration::from_millis(ms);
     let k = Arc::new(client(name, 0));
     match run_workers(k, Arc::new(Table::new(seed)), wid..wid + 2, seed, until) {
-        Ok(c) => println!("<<ok {} {} {}>>", c.calls, c.withdrawn, c.writes),
+        Ok(c) => println!("<<ok {} {} {} {}>>", c.calls, c.withdrawn, c.writes, c.late.as_micros()),
         Err(e) => {
             println!("<<FAIL {e}>>");
             std::process::exit(1);
@@ -375,11 +381,13 @@ fn threads_and_processes_claim_withdraw_and_die_and_every_answer_stays_exact() {
     let (a, b) = local;
     let ca = a.join().unwrap().unwrap_or_else(|e| panic!("a worker of this process: {e}"));
     let cb = b.join().unwrap().unwrap_or_else(|e| panic!("the spinning worker: {e}"));
-    let mut child_calls = 0u64;
+    let (mut child_calls, mut late) = (0u64, ca.late.max(cb.late));
     for (i, c) in kids.0.iter_mut().enumerate() {
         let v = verdict(c);
         assert!(c.wait().unwrap().success() && v.starts_with("ok"), "live child {i}: {v}");
-        child_calls += v.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        let n: Vec<u64> = v.split_whitespace().skip(1).filter_map(|n| n.parse().ok()).collect();
+        child_calls += n[0];
+        late = late.max(Duration::from_micros(n[3]));
     }
     // Every slot is free once every client is done: none was leaked.
     let t0 = Instant::now();
@@ -395,7 +403,7 @@ fn threads_and_processes_claim_withdraw_and_die_and_every_answer_stays_exact() {
         std::thread::sleep(Duration::from_millis(10));
     }
     eprintln!(
-        "calls: this process {} ({} withdrawn, {} writes), spinning handle {} ({} withdrawn), live children {}; \
+        "calls: this process {} ({} withdrawn, {} writes), spinning handle {} ({} withdrawn), live children {}; at most {late:?} past a deadline; \
          {killed} clients killed, {killed_holding} while holding a slot (claimed {}, submitted {}, processing {}, done {}, abandoned {})",
         ca.calls, ca.withdrawn, ca.writes, cb.calls, cb.withdrawn, child_calls, states[1], states[2], states[3], states[4], states[5]
     );
