@@ -651,6 +651,60 @@ fn repair_checks_a_log_against_a_snapshot_at_the_last_sequence_number() {
     tampered_snapshot_header_is_repaired(&mut rng, Metric::InnerProduct, 6, what, |h| persist::fuzz::Header { seq: u64::MAX, ..h });
 }
 
+/// Rows the store refuses (a vector that is not finite, or whose L2 norm passes f32) inside
+/// checksum-intact files, in a log record beside a valid row and in a snapshot block: what a
+/// store holds when such a vector was accepted on its way in. The open refuses the directory;
+/// repair leaves out exactly those rows, naming them, and keeps every other row, the valid row of
+/// the same record included.
+#[test]
+fn repair_keeps_every_valid_row_around_rows_the_store_refuses() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let (inf, huge, fine): (&[f32], &[f32], &[f32]) = (&[f32::INFINITY, 0.0, 1.0, 0.0], &[3e38; 4], &[0.5, -0.5, 0.25, 1.0]);
+    let item = |id: u64, v: &'static [f32]| UpsertItem {
+        fields: &[],
+        id,
+        namespace: 1,
+        vector: v,
+        payload: None,
+        created_ms: 7,
+        expires_ms: NEVER,
+    };
+    for in_snapshot in [false, true] {
+        let dir = tmpdir("refused-rows");
+        let mut model = Model::new();
+        {
+            let (mut p, _, mut s) = open(&dir, 4, Metric::L2).unwrap();
+            for _ in 0..8 {
+                let op = random_op(&mut rng, &model, 4, 40);
+                apply(&op, &mut model, &mut p, &mut s);
+            }
+            let rows = [item(500, fine), item(1000, inf), item(1001, huge)];
+            if in_snapshot {
+                s.apply_upsert(&rows);
+                p.snapshot(&s).unwrap();
+            } else {
+                p.append(&WalOp::Upsert(&rows)).unwrap();
+                p.commit().unwrap();
+                s.apply_upsert(&rows[..1]);
+            }
+            model.insert(500, Row { ns: 1, v: fine.to_vec(), p: None, created: 7, expires: NEVER });
+            for _ in 0..8 {
+                let op = random_op(&mut rng, &model, 4, 40);
+                apply(&op, &mut model, &mut p, &mut s);
+            }
+        }
+        let what = if in_snapshot { "snapshot" } else { "log" };
+        assert!(open(&dir, 4, Metric::L2).is_err(), "{what}: the open accepted rows the store refuses");
+        let rep = persist::repair(&dir).unwrap_or_else(|e| panic!("{what}: repair failed: {e}"));
+        assert!(rep.backup.is_some(), "{what}: repair found nothing to repair: {:?}", rep.notes);
+        for id in [1000, 1001] {
+            assert!(rep.notes.iter().any(|n| n.contains(&format!("id {id}"))), "{what}: no note names id {id}: {:?}", rep.notes);
+        }
+        let (_, _, s) = open(&dir, 4, Metric::L2).unwrap();
+        assert_matches(&s, &model, &format!("{what}: after repair"));
+    }
+}
+
 /// A header (checksum intact) naming a dimension no store can have is not trusted by repair or
 /// `dir_shape`: repair used it to size its snapshot buffer, 4 bytes per dimension per row (a
 /// dimension of 2^30 asked for 4 GiB at once; found by tests/fuzz.rs).
