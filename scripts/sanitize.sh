@@ -5,7 +5,9 @@
 #         C harness and the quickstart, built with gcc -fsanitize=address,undefined, against
 #         that instrumented libkalos.so
 #   tsan  the concurrency-heavy Rust tests built with -Zsanitizer=thread and an instrumented
-#         standard library (-Zbuild-std, which needs the nightly rust-src component)
+#         standard library (-Zbuild-std, which needs the nightly rust-src component), then the
+#         C harness and the quickstart, built with gcc -fsanitize=thread and linked with the
+#         toolchain's ThreadSanitizer runtime, against that instrumented libkalos.so
 #
 #   scripts/sanitize.sh            both
 #   scripts/sanitize.sh asan       one of them
@@ -81,6 +83,30 @@ run_tsan() {
   # shellcheck disable=SC2046
   CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=thread" cargo +nightly test -Zbuild-std --target "$TARGET" \
     --lib $(test_args "${TSAN_TESTS[@]}") -- --test-threads=2 || return 1
+  CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=thread" cargo +nightly build -Zbuild-std --target "$TARGET" --lib || return 1
+  local lib=$dir/$TARGET/debug out=$dir/c
+  local rt=$sysroot/lib/rustlib/$TARGET/lib/librustc-nightly_rt.tsan.a
+  mkdir -p "$out"
+  # The C side is instrumented by gcc but linked with the ThreadSanitizer runtime of the nightly
+  # toolchain that built the library (gcc's libtsan is older than the library's instrumentation:
+  # it lacks __tsan_memcpy and friends). -rdynamic exports the runtime's interceptors to
+  # libkalos.so.
+  tsan_link() {
+    gcc -std=c99 -O1 -g -fno-omit-frame-pointer -fsanitize=thread -Wall -Wextra -Werror -Iinclude -c "$1" -o "$out/$2.o" &&
+      gcc -rdynamic "$out/$2.o" -Wl,--whole-archive "$rt" -Wl,--no-whole-archive -L"$lib" -lkalos -Wl,-rpath,"$lib" \
+        -lm -lpthread -ldl -lrt -o "$out/$2"
+  }
+  tsan_link tests/c/harness.c harness || return 1
+  tsan_link examples/quickstart.c quickstart || return 1
+  tsan_link tests/c/tsan_canary.c canary || return 1
+  "$out/harness" || return 1
+  "$out/quickstart" >/dev/null || return 1
+  # The library's own code must be instrumented: a race between two of its writes is reported.
+  if "$out/canary" 2>"$out/canary.log" || ! grep -q "data race" "$out/canary.log" || ! grep -q "kalos_options_init" "$out/canary.log"; then
+    echo "sanitize: the tsan canary was not caught inside libkalos.so: the library is not instrumented" >&2
+    return 1
+  fi
+  echo "sanitize: tsan canary caught inside libkalos.so (instrumentation active)"
 }
 
 for k in "${KINDS[@]}"; do

@@ -361,7 +361,7 @@ fn malformed_expressions_are_refused_by_the_server() {
         let mut w = kalos::wire::Writer::new();
         recall_head(&mut w, 1, 1, 0, None, None, Some(&bad));
         w.f32s(&[1.0; DIM]);
-        let (st, body) = raw_call(&seg, &w.buf, w.buf.len() as u32);
+        let (st, body) = raw_call(&seg, 0, &w.buf, w.buf.len() as u32);
         assert_eq!(st, Status::InvalidArgument as u32, "{bad:?}: {}", String::from_utf8_lossy(&body));
     }
     // Non-zero padding after the expression.
@@ -370,7 +370,7 @@ fn malformed_expressions_are_refused_by_the_server() {
     let n = w.buf.len();
     w.buf[n - 1] = 7;
     w.f32s(&[1.0; DIM]);
-    assert_eq!(raw_call(&seg, &w.buf, w.buf.len() as u32).0, Status::InvalidArgument as u32);
+    assert_eq!(raw_call(&seg, 0, &w.buf, w.buf.len() as u32).0, Status::InvalidArgument as u32);
     assert_eq!(k.recall(&[1.0; DIM], 1, &RecallOptions::default()).unwrap().len(), 1, "the server still serves");
 }
 

@@ -24,7 +24,6 @@
 
 #[path = "fuzz/mutate.rs"]
 mod mutate;
-mod raw_slot;
 #[path = "fuzz/targets.rs"]
 mod targets;
 

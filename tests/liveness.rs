@@ -1,8 +1,9 @@
 //! The server's liveness as clients see it. Every wait returns within its deadline plus
 //! scheduling noise, whatever the client's spin setting: a killed server gives SERVER_GONE
 //! within the deadline; a stopped (SIGSTOP) one gives TIMEOUT at the deadline and, once
-//! continued, serves again (the withdrawn request left no slot behind). A second server for a taken name is refused
-//! with an error that names who holds it.
+//! continued, serves again (the withdrawn request left no slot behind). A second server for a
+//! taken name, or a server whose name another user squats, is refused with an error that names
+//! who holds it.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -123,4 +124,57 @@ fn a_second_server_for_a_taken_name_is_told_who_holds_it() {
     assert!(e.message.contains(&format!("uid {uid}")), "{}", e.message);
     assert!(e.message.contains(&format!("locked by pid {}", srv.0.id())), "{}", e.message);
     drop(srv);
+}
+
+/// Name squatting: another local user pre-creates a store's lock or segment name. The rightful
+/// server cannot start, and its error names the squatter (uid, and the pid holding the lock) and,
+/// for the lock, the way out (another name; SECURITY.md). Needs root: the test squats as root and
+/// starts `kalosd` as uid 65534, which cannot remove or open root's 0600 files in /dev/shm.
+#[test]
+fn a_name_squatted_by_another_user_is_refused_naming_the_squatter() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP a_name_squatted_by_another_user_is_refused_naming_the_squatter: needs root to act as two users");
+        return;
+    }
+    for squatted in ["lock", "segment"] {
+        let name = format!("liveness-squat-{squatted}-{}", std::process::id());
+        let file = match squatted {
+            "lock" => format!("/dev/shm/kalos.{name}.lock"),
+            _ => format!("/dev/shm/kalos.{name}"),
+        };
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file).unwrap();
+        if squatted == "lock" {
+            // SAFETY: flock(2) on a file this test just opened.
+            assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_kalosd"))
+            .args(["serve", "--name", &name, "--dim", "8", "--metric", "ip", "--backend", "cpu"])
+            .uid(65534)
+            .gid(65534)
+            .stdin(Stdio::null())
+            .output();
+        drop(f);
+        let _ = std::fs::remove_file(&file);
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                println!("SKIP a_name_squatted_by_another_user_is_refused_naming_the_squatter: cannot start kalosd as uid 65534: {e}");
+                return;
+            }
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{squatted}: kalosd started on a squatted name: {err}");
+        assert!(err.contains(&format!("/dev/shm/kalos.{name}")) && err.contains("owned by uid 0"), "{squatted}: {err}");
+        if squatted == "lock" {
+            assert!(err.contains("PERMISSION_DENIED"), "{err}");
+            assert!(err.contains(&format!("locked by pid {}", std::process::id())), "{err}");
+            assert!(err.contains("choose another name"), "{err}");
+        } else {
+            assert!(err.contains("ALREADY_EXISTS"), "{err}");
+        }
+    }
 }

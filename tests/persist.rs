@@ -596,32 +596,48 @@ fn repair_fixes_a_log_header_naming_another_generation() {
     assert_matches(&s, model, "after repairing the header's generation");
 }
 
+/// Writes `ops` random operations and a snapshot into a fresh directory, rewrites the snapshot's
+/// header with `tamper` (its checksum recomputed, so the header stays intact), and checks that
+/// the open refuses the directory as CORRUPT, that repair finds the damage, and that the repaired
+/// directory opens to every row written (`what` names the case).
+fn tampered_snapshot_header_is_repaired(
+    rng: &mut StdRng,
+    metric: Metric,
+    ops: usize,
+    what: &str,
+    tamper: impl FnOnce(persist::fuzz::Header) -> persist::fuzz::Header,
+) {
+    let dir = tmpdir("snap-header");
+    let mut model = Model::new();
+    {
+        let (mut p, _, mut s) = open(&dir, 4, metric).unwrap();
+        for _ in 0..ops {
+            let op = random_op(rng, &model, 4, 40);
+            apply(&op, &mut model, &mut p, &mut s);
+        }
+        p.snapshot(&s).unwrap();
+    }
+    let snap = dir.join("snap-0000000000000001.snap");
+    let mut b = std::fs::read(&snap).unwrap();
+    let h = persist::fuzz::decode_header(&b, true).unwrap();
+    b[..HEADER_BYTES].copy_from_slice(&persist::fuzz::encode_header(true, tamper(h)));
+    std::fs::write(&snap, &b).unwrap();
+    let e = open(&dir, 4, metric).err().unwrap_or_else(|| panic!("{what}: the open accepted the directory"));
+    assert_eq!(e.status, Status::Corrupt, "{what}: {e}");
+    let rep = persist::repair(&dir).unwrap();
+    assert!(rep.backup.is_some(), "{what}: repair found no damage: {:?}", rep.notes);
+    let (_, _, s) = open(&dir, 4, metric).unwrap();
+    assert_matches(&s, &model, &format!("after repairing {what}"));
+}
+
 /// A snapshot whose intact header names another generation than its file: the same (also for
 /// generation 2^64-1, which repair once took for its mark of an unreadable header).
 #[test]
 fn repair_fixes_a_snapshot_header_naming_another_generation() {
     let mut rng = StdRng::seed_from_u64(seed());
     for generation in [9, u64::MAX] {
-        let dir = tmpdir("snap-gen-header");
-        let mut model = Model::new();
-        {
-            let (mut p, _, mut s) = open(&dir, 4, Metric::L2).unwrap();
-            for _ in 0..10 {
-                let op = random_op(&mut rng, &model, 4, 40);
-                apply(&op, &mut model, &mut p, &mut s);
-            }
-            p.snapshot(&s).unwrap();
-        }
-        let snap = dir.join("snap-0000000000000001.snap");
-        let mut b = std::fs::read(&snap).unwrap();
-        let h = persist::fuzz::decode_header(&b, true).unwrap();
-        b[..HEADER_BYTES].copy_from_slice(&persist::fuzz::encode_header(true, persist::fuzz::Header { generation, ..h }));
-        std::fs::write(&snap, &b).unwrap();
-        assert_eq!(open(&dir, 4, Metric::L2).err().expect("the open refuses the snapshot").status, Status::Corrupt);
-        let rep = persist::repair(&dir).unwrap();
-        assert!(rep.backup.is_some(), "repair found the damage: {:?}", rep.notes);
-        let (_, _, s) = open(&dir, 4, Metric::L2).unwrap();
-        assert_matches(&s, &model, &format!("after repairing the snapshot header's generation {generation}"));
+        let what = format!("a snapshot header naming generation {generation}");
+        tampered_snapshot_header_is_repaired(&mut rng, Metric::L2, 10, &what, |h| persist::fuzz::Header { generation, ..h });
     }
 }
 
@@ -631,26 +647,62 @@ fn repair_fixes_a_snapshot_header_naming_another_generation() {
 #[test]
 fn repair_checks_a_log_against_a_snapshot_at_the_last_sequence_number() {
     let mut rng = StdRng::seed_from_u64(seed());
-    let dir = tmpdir("snap-seq-max");
-    let mut model = Model::new();
-    {
-        let (mut p, _, mut s) = open(&dir, 4, Metric::InnerProduct).unwrap();
-        for _ in 0..6 {
-            let op = random_op(&mut rng, &model, 4, 40);
-            apply(&op, &mut model, &mut p, &mut s);
+    let what = "a log that does not continue a snapshot at sequence number 2^64 - 1";
+    tampered_snapshot_header_is_repaired(&mut rng, Metric::InnerProduct, 6, what, |h| persist::fuzz::Header { seq: u64::MAX, ..h });
+}
+
+/// Rows the store refuses (a vector that is not finite, or whose L2 norm passes f32) inside
+/// checksum-intact files, in a log record beside a valid row and in a snapshot block: what a
+/// store holds when such a vector was accepted on its way in. The open refuses the directory;
+/// repair leaves out exactly those rows, naming them, and keeps every other row, the valid row of
+/// the same record included.
+#[test]
+fn repair_keeps_every_valid_row_around_rows_the_store_refuses() {
+    let mut rng = StdRng::seed_from_u64(seed());
+    let (inf, huge, fine): (&[f32], &[f32], &[f32]) = (&[f32::INFINITY, 0.0, 1.0, 0.0], &[3e38; 4], &[0.5, -0.5, 0.25, 1.0]);
+    let item = |id: u64, v: &'static [f32]| UpsertItem {
+        fields: &[],
+        id,
+        namespace: 1,
+        vector: v,
+        payload: None,
+        created_ms: 7,
+        expires_ms: NEVER,
+    };
+    for in_snapshot in [false, true] {
+        let dir = tmpdir("refused-rows");
+        let mut model = Model::new();
+        {
+            let (mut p, _, mut s) = open(&dir, 4, Metric::L2).unwrap();
+            for _ in 0..8 {
+                let op = random_op(&mut rng, &model, 4, 40);
+                apply(&op, &mut model, &mut p, &mut s);
+            }
+            let rows = [item(500, fine), item(1000, inf), item(1001, huge)];
+            if in_snapshot {
+                s.apply_upsert(&rows);
+                p.snapshot(&s).unwrap();
+            } else {
+                p.append(&WalOp::Upsert(&rows)).unwrap();
+                p.commit().unwrap();
+                s.apply_upsert(&rows[..1]);
+            }
+            model.insert(500, Row { ns: 1, v: fine.to_vec(), p: None, created: 7, expires: NEVER });
+            for _ in 0..8 {
+                let op = random_op(&mut rng, &model, 4, 40);
+                apply(&op, &mut model, &mut p, &mut s);
+            }
         }
-        p.snapshot(&s).unwrap();
+        let what = if in_snapshot { "snapshot" } else { "log" };
+        assert!(open(&dir, 4, Metric::L2).is_err(), "{what}: the open accepted rows the store refuses");
+        let rep = persist::repair(&dir).unwrap_or_else(|e| panic!("{what}: repair failed: {e}"));
+        assert!(rep.backup.is_some(), "{what}: repair found nothing to repair: {:?}", rep.notes);
+        for id in [1000, 1001] {
+            assert!(rep.notes.iter().any(|n| n.contains(&format!("id {id}"))), "{what}: no note names id {id}: {:?}", rep.notes);
+        }
+        let (_, _, s) = open(&dir, 4, Metric::L2).unwrap();
+        assert_matches(&s, &model, &format!("{what}: after repair"));
     }
-    let snap = dir.join("snap-0000000000000001.snap");
-    let mut b = std::fs::read(&snap).unwrap();
-    let h = persist::fuzz::decode_header(&b, true).unwrap();
-    b[..HEADER_BYTES].copy_from_slice(&persist::fuzz::encode_header(true, persist::fuzz::Header { seq: u64::MAX, ..h }));
-    std::fs::write(&snap, &b).unwrap();
-    assert_eq!(open(&dir, 4, Metric::InnerProduct).err().expect("the open refuses the log").status, Status::Corrupt);
-    let rep = persist::repair(&dir).unwrap();
-    assert!(rep.backup.is_some(), "repair found the damage: {:?}", rep.notes);
-    let (_, _, s) = open(&dir, 4, Metric::InnerProduct).unwrap();
-    assert_matches(&s, &model, "after repairing a log that does not continue the snapshot");
 }
 
 /// A header (checksum intact) naming a dimension no store can have is not trusted by repair or

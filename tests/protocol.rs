@@ -1,5 +1,7 @@
 //! Slot protocol: races, deadlines, abandoned requests, hostile clients, dead clients, parking.
 
+mod raw_slot;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,6 +9,7 @@ use std::time::{Duration, Instant};
 use kalos::shm::{self, Segment};
 use kalos::*;
 use rand::{Rng, SeedableRng};
+use raw_slot::raw_call;
 
 fn uniq(tag: &str) -> String {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -308,48 +311,6 @@ fn concurrent_large_requests_each_get_their_own_answer() {
         t.join().unwrap();
     }
     assert_eq!(s.stats().unwrap().count, (n + 4 * 20 * 300) as u64);
-}
-
-/// Sends raw `req` bytes, claiming `req_len` of them, through the first free slot of `seg` from
-/// slot `first` on (as a hostile client could: nothing is checked here) and waits for the
-/// answer: (status, body).
-fn raw_call(seg: &Segment, first: usize, req: &[u8], req_len: u32) -> (u32, Vec<u8>) {
-    let me = std::process::id();
-    let t0 = Instant::now();
-    loop {
-        for j in 0..seg.slot_count() {
-            let i = (first + j) % seg.slot_count();
-            let slot = seg.slot(i);
-            let w = slot.state.load(Ordering::Acquire);
-            if shm::state_of(w) != shm::SLOT_FREE {
-                continue;
-            }
-            let claimed = shm::pack(me, shm::gen_of(w) + 1, shm::SLOT_CLAIMED);
-            if slot.state.compare_exchange(w, claimed, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-                continue;
-            }
-            seg.write_data(i, 0, req);
-            slot.req_len.store(req_len, Ordering::Relaxed);
-            let sub = shm::with_state(claimed, shm::SLOT_SUBMITTED);
-            slot.state.store(sub, Ordering::SeqCst);
-            let h = seg.header();
-            h.doorbell.fetch_add(1, Ordering::SeqCst);
-            shm::futex::wake(&h.doorbell, 1);
-            let done = shm::with_state(sub, shm::SLOT_DONE);
-            let t1 = Instant::now();
-            while slot.state.load(Ordering::Acquire) != done {
-                assert!(t1.elapsed() < Duration::from_secs(5), "server stopped answering");
-                std::thread::yield_now();
-            }
-            let st = slot.status.load(Ordering::Acquire);
-            let mut body = Vec::new();
-            seg.read_data(i, &mut body, slot.resp_len.load(Ordering::Acquire) as usize);
-            slot.state.store(shm::pack(0, shm::gen_of(sub), shm::SLOT_FREE), Ordering::SeqCst);
-            return (st, body);
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no free slot");
-        std::thread::yield_now();
-    }
 }
 
 /// Large batches for an engine that takes slot queries (the CUDA engine copies them to the

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::dir::{io_err, snap_name, wal_name, DataDir, OpenMode};
 use super::record::{FileHeader, Kind, FORMAT_VERSION, HEADER_BYTES, REC_HEADER};
 use super::snapshot::{load_snapshot, write_snapshot};
-use super::wal::{apply_record, record_at, scan_log};
+use super::wal::{record_at, salvage_record, scan_log};
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
 use crate::types::{now_unix_ms, Metric, MAX_DIM};
@@ -173,7 +173,9 @@ pub fn repair(dir_path: &Path) -> Result<RepairReport> {
         };
         let s = scan_log(&b, first);
         for &(st, en) in &s.records {
-            apply_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
+            let left_out = salvage_record(&wal_path, st - REC_HEADER, &b[st..en], dim, &mut store)?;
+            damaged |= !left_out.is_empty();
+            rep.notes.extend(left_out);
         }
         rep.records_replayed += s.records.len() as u64;
         seq = Some(first.wrapping_add(s.records.len() as u64));

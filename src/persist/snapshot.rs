@@ -9,6 +9,7 @@ use super::dir::{io_err, snap_name, DataDir, OpenMode};
 use super::record::{
     check_shape, corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u64, FileHeader, Kind, FORMAT_VERSION, HEADER_BYTES, REC_HEADER,
 };
+use super::wal::apply_valid_rows;
 use crate::error::{Error, Result};
 use crate::meta::{Columns, Field};
 use crate::store::{Store, UpsertItem};
@@ -313,10 +314,13 @@ pub(super) fn load_snapshot_bytes(
                 }
                 let r = decode_rows(body, dim).map_err(|m| corrupt(path, o, m))?;
                 let items = r.items(dim);
-                store
-                    .validate_upsert(&items)
-                    .map_err(|e| Error::new(e.status, format!("{}: loading block at offset {o}: {}", path.display(), e.message)))?;
-                store.apply_upsert(&items);
+                match store.validate_upsert(&items) {
+                    Ok(()) => store.apply_upsert(&items),
+                    Err(_) if salvage => notes.extend(apply_valid_rows(store, &items, &format!("{}: block at offset {o}", path.display()))),
+                    Err(e) => {
+                        return Err(Error::new(e.status, format!("{}: loading block at offset {o}: {}", path.display(), e.message)));
+                    }
+                }
                 rows += items.len() as u64;
                 o = e;
             }

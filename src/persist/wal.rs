@@ -10,7 +10,7 @@ use super::crc::{crc32c, crc32c_update};
 use super::record::{corrupt, decode_rows, encode_rows, get_u32, get_u64, put_u32, put_u64, HEADER_BYTES, REC_HEADER};
 use super::WalOp;
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::{Store, UpsertItem};
 
 const OP_UPSERT: u8 = 1;
 const OP_DELETE: u8 = 2;
@@ -128,6 +128,36 @@ pub(super) fn apply_record(path: &Path, off: usize, body: &[u8], dim: usize, sto
         o => return Err(bad(format!("unknown record op {o}"))),
     }
     Ok(())
+}
+
+/// [`apply_record`] for repair: an upsert record (checksum intact) holding rows the store
+/// refuses keeps the rows it accepts ([`apply_valid_rows`]). Returns a note per row left out.
+pub(super) fn salvage_record(path: &Path, off: usize, body: &[u8], dim: usize, store: &mut Store) -> Result<Vec<String>> {
+    if body[8] == OP_UPSERT {
+        if let Ok(rows) = decode_rows(&body[9..], dim) {
+            let items = rows.items(dim);
+            if store.validate_upsert(&items).is_err() {
+                return Ok(apply_valid_rows(store, &items, &format!("{}: record at offset {off}", path.display())));
+            }
+        }
+    }
+    apply_record(path, off, body, dim, store).map(|()| Vec::new())
+}
+
+/// Applies, one at a time, the rows of `items` that the store accepts, and leaves out the others
+/// (a vector that is not finite, or whose norm passes f32): for repair, which keeps every row it
+/// can of a checksum-intact record or snapshot block. Returns one note per row left out, each
+/// starting with `at`.
+pub(super) fn apply_valid_rows(store: &mut Store, items: &[UpsertItem<'_>], at: &str) -> Vec<String> {
+    let mut notes = Vec::new();
+    for it in items {
+        let one = std::slice::from_ref(it);
+        match store.validate_upsert(one) {
+            Ok(()) => store.apply_upsert(one),
+            Err(e) => notes.push(format!("{at}: left out the row of id {}: {}", it.id, e.message)),
+        }
+    }
+    notes
 }
 
 #[cfg(test)]

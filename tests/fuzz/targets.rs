@@ -21,6 +21,11 @@ use rand::{Rng, RngCore};
 
 use super::mutate::{self, Field};
 
+/// The raw slot round trip of the hostile-client tests, for `check_server` (declared here, so that
+/// every crate that includes this file, tests/fuzz.rs and the cargo-fuzz targets of fuzz/, has it).
+#[path = "../raw_slot/mod.rs"]
+mod raw_slot;
+
 thread_local! {
     /// The largest single allocation on this thread since the harness reset it (kept by the
     /// harness's allocator).
@@ -858,7 +863,7 @@ pub fn check_server(servers: &Servers, input: &[u8]) {
     let (_, seg, _) = &servers.list[input[0] as usize % servers.list.len()];
     let claimed = u32_at(input, 1);
     let req = &input[5..input.len().min(5 + seg.data_bytes())];
-    let (st, body) = crate::raw_slot::raw_call(seg, req, claimed);
+    let (st, body) = raw_slot::raw_call(seg, 0, req, claimed);
     let status = Status::ALL.get(st as usize).copied().unwrap_or_else(|| panic!("unknown status {st}"));
     assert!(!matches!(status, Status::Panic | Status::Internal), "{status:?}: {}", String::from_utf8_lossy(&body));
     if status != Status::Ok || claimed as usize != req.len() {

@@ -1,15 +1,18 @@
-//! A raw slot round trip shared by the tests that play a hostile client (tests/fuzz.rs,
-//! tests/filter.rs): a request written into a free slot with no client-side check.
+//! A raw slot round trip shared by the tests that play a hostile client (tests/protocol.rs,
+//! tests/filter.rs, and the `server` target of tests/fuzz/targets.rs): a request written into a
+//! free slot with no client-side check.
 
-/// Sends `req` through a free slot of `seg`, claiming `claimed` bytes, as a hostile client could
-/// (nothing is checked), and waits for the answer: (status, body).
-pub fn raw_call(seg: &kalos::shm::Segment, req: &[u8], claimed: u32) -> (u32, Vec<u8>) {
+/// Sends `req` through the first free slot of `seg` from slot `first` on, claiming `claimed`
+/// bytes, as a hostile client could (nothing is checked), and waits for the answer:
+/// (status, body).
+pub fn raw_call(seg: &kalos::shm::Segment, first: usize, req: &[u8], claimed: u32) -> (u32, Vec<u8>) {
     use kalos::shm;
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
     let t0 = Instant::now();
     loop {
-        for i in 0..seg.slot_count() {
+        for j in 0..seg.slot_count() {
+            let i = (first + j) % seg.slot_count();
             let slot = seg.slot(i);
             let w = slot.state.load(Ordering::Acquire);
             if shm::state_of(w) != shm::SLOT_FREE {
