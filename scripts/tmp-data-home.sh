@@ -16,7 +16,7 @@ tmp_data_home_begin() {
   local base=${XDG_DATA_HOME:-}
   [[ $base == /* ]] || base=${HOME:-/nonexistent}/.local/share
   TMP_DATA_HOME_USER_DIR=$base/kalos
-  TMP_DATA_HOME_BEFORE=$(ls -A "$TMP_DATA_HOME_USER_DIR" 2>/dev/null | sort)
+  TMP_DATA_HOME_BEFORE=$(ls -A "$TMP_DATA_HOME_USER_DIR" 2>/dev/null | sort || true)
   XDG_DATA_HOME=$(mktemp -d "${TMPDIR:-/tmp}/kalos-xdg.XXXXXX")
   export XDG_DATA_HOME
   TMP_DATA_HOME_DIR=$XDG_DATA_HOME
@@ -27,8 +27,8 @@ tmp_data_home_end() {
   rm -rf "$TMP_DATA_HOME_DIR"
   TMP_DATA_HOME_DIR=
   local after new
-  after=$(ls -A "$TMP_DATA_HOME_USER_DIR" 2>/dev/null | sort)
-  new=$(comm -13 <(printf '%s\n' "$TMP_DATA_HOME_BEFORE") <(printf '%s\n' "$after") | sed '/^$/d')
+  after=$(ls -A "$TMP_DATA_HOME_USER_DIR" 2>/dev/null | sort || true)
+  new=$(comm -13 <(printf '%s\n' "$TMP_DATA_HOME_BEFORE") <(printf '%s\n' "$after") | sed '/^$/d' || true)
   if [[ -n $new ]]; then
     echo "the run left these stores in $TMP_DATA_HOME_USER_DIR (a test ignores XDG_DATA_HOME):" >&2
     echo "$new" >&2
