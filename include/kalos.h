@@ -88,6 +88,33 @@
 // WAL sync: never fsync (the OS decides).
 #define KALOS_SYNC_NEVER 2
 
+// Op code of `kalos_op_count`: a request of an op code the server does not know.
+#define KALOS_OP_UNKNOWN 0
+
+// Op code: recall (`kalos_recall`, `kalos_recall_batch`).
+#define KALOS_OP_RECALL 1
+
+// Op code: upsert.
+#define KALOS_OP_UPSERT 2
+
+// Op code: delete by id.
+#define KALOS_OP_DELETE 3
+
+// Op code: delete a namespace.
+#define KALOS_OP_DELETE_NAMESPACE 4
+
+// Op code: get by id.
+#define KALOS_OP_GET 5
+
+// Op code: stats (`kalos_stats`, `kalos_stats_ops`).
+#define KALOS_OP_STATS 6
+
+// Op code: clear.
+#define KALOS_OP_CLEAR 7
+
+// Op code: delete by filter expression.
+#define KALOS_OP_DELETE_WHERE 8
+
 // The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
 // appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
 // read back from C is well defined.
@@ -331,6 +358,16 @@ typedef struct kalos_stats_info {
   // bytes.
   char fallback_reason[256];
 } kalos_stats_info;
+
+// One request counter of `kalos_stats_ops`: the requests of op `op` that the server answered
+// with status `status` since it started.
+typedef struct kalos_op_count {
+  // `KALOS_OP_*`; `kalos_op_name` names it.
+  uint32_t op;
+  // The status of the answers counted (`KALOS_OK` or an error code).
+  kalos_status status;
+  uint64_t count;
+} kalos_op_count;
 
 #ifdef __cplusplus
 extern "C" {
@@ -578,6 +615,31 @@ kalos_status kalos_get(const struct kalos_handle *h,
 // # Safety
 // `out` writable for `out->struct_size` bytes.
 kalos_status kalos_stats(const struct kalos_handle *h, struct kalos_stats_info *out);
+
+// Copies the server's request counters by op and status into `out[0..n]`: one
+// `kalos_op_count` for each (op, status) pair that counted a request since the server
+// started, ordered by op, then status. The counters are read with one stats request (itself
+// counted under `KALOS_OP_STATS`, from the next call on).
+//
+// `*needed` (may be NULL) gets n, also when the call returns `KALOS_BUFFER_TOO_SMALL`
+// (`out_len < n`; `out` is then left unwritten). Pass `out` NULL and `out_len` 0 to ask for n
+// only: that returns `KALOS_BUFFER_TOO_SMALL` once any request was counted. More pairs may
+// appear between two calls: size `out` with room to spare, or call again with the new
+// `*needed`.
+//
+// Threading: as every call on a handle; the counters are the server's, shared by all clients.
+//
+// # Safety
+// `out` writable for `out_len` entries (or NULL with `out_len` 0); `needed` NULL or writable.
+kalos_status kalos_stats_ops(const struct kalos_handle *h,
+                             struct kalos_op_count *out,
+                             size_t out_len,
+                             size_t *needed);
+
+// Stable name of an op code ("recall", "upsert", "delete", "delete_namespace", "get",
+// "stats", "clear", "delete_where"), the same names as kalosd's metrics; "unknown" for other
+// values. The string is static: never free it. Thread-safe.
+const char *kalos_op_name(uint32_t op);
 
 // The store's vector dimension, written to `*dim`.
 //

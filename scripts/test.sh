@@ -13,7 +13,14 @@
 # The suites must clean up after themselves: any /dev/shm/kalos.* entry that is there after the
 # run and was not there before fails the run (the "shm" row). Stores opened with role auto and
 # no data_dir live under $XDG_DATA_HOME/kalos/: the run points XDG_DATA_HOME at a temporary
-# directory, removed at the end, so no test writes into the user's own data directory.
+# directory, removed at the end (scripts/tmp-data-home.sh), and a new entry in the user's own
+# data directory fails the run (the "data" row).
+#
+# Build once: every native cargo command of the suites (build() below, cargo test,
+# bindings/java/ci.sh, scripts/package.sh) resolves the library, kalosd and their dependencies
+# to the same compilation units, so only the first compiles them (Cargo.toml's dependency
+# notes say how). The rust suite checks it: after cargo test has built its targets, build()
+# must find every unit fresh. The benches are compiled by clippy (.ci/run) only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -25,9 +32,9 @@ failed=0
 shm_list() { find /dev/shm -maxdepth 1 -name 'kalos.*' -printf '%f\n' 2>/dev/null | sort; }
 SHM_BEFORE=$(mktemp)
 shm_list >"$SHM_BEFORE"
-XDG_DATA_HOME=$(mktemp -d)
-export XDG_DATA_HOME
-trap 'rm -rf "$XDG_DATA_HOME" "$SHM_BEFORE"' EXIT
+source scripts/tmp-data-home.sh
+tmp_data_home_begin
+trap 'tmp_data_home_end; rm -f "$SHM_BEFORE"' EXIT
 
 run_suite() {
   local name=$1; shift
@@ -38,9 +45,23 @@ run_suite() {
   echo "::endgroup:: $name ${RESULT[$name]} (${SECS[$name]} s)"
 }
 
-build() { cargo build --release --all-targets; }
+# libkalos.so and kalosd: what the c, python, go, java and package suites use.
+build() { cargo build --release --lib --bin kalosd "$@"; }
 
-suite_rust() { build && cargo test --release -- --test-threads=2; }
+# Fails when build() compiles anything after cargo test built its targets: a dependency feature
+# enabled only through a dev-dependency would make the two compile kalos separately and
+# overwrite each other's libkalos.so at every switch.
+build_shared() {
+  local stale
+  stale=$(build --message-format=json |
+    grep '"reason":"compiler-artifact"' | grep '"fresh":false' | sed 's/.*"package_id":"\([^"]*\)".*/\1/')
+  [[ -z $stale ]] && return 0
+  echo "test.sh: cargo build --release --lib --bin kalosd compiled again after cargo test:" >&2
+  echo "$stale" >&2
+  return 1
+}
+
+suite_rust() { build && cargo test --release --no-run && build_shared && cargo test --release -- --test-threads=2; }
 suite_c() { build && tests/c/run.sh; }
 suite_python() { build && bindings/python/ci.sh; }
 suite_go() { build && bindings/go/ci.sh; }
@@ -53,6 +74,7 @@ for s in "${SUITES[@]}"; do
 done
 
 LEFT=$(comm -13 "$SHM_BEFORE" <(shm_list))
+if tmp_data_home_end; then DATA_RESULT=ok; else DATA_RESULT=FAILED; failed=1; fi
 if [ -n "$LEFT" ]; then
   echo "test.sh: the run left these entries in /dev/shm:" >&2
   echo "$LEFT" >&2
@@ -68,4 +90,5 @@ for s in "${SUITES[@]}"; do
   printf "%-10s %-8s %s\n" "$s" "${RESULT[$s]}" "${SECS[$s]}"
 done
 printf "%-10s %-8s %s\n" "shm" "$SHM_RESULT" "-"
+printf "%-10s %-8s %s\n" "data" "$DATA_RESULT" "-"
 exit $failed

@@ -41,6 +41,8 @@ package kalos
 #cgo nocallback kgo_get
 #cgo noescape kgo_stats
 #cgo nocallback kgo_stats
+#cgo noescape kgo_stats_ops
+#cgo nocallback kgo_stats_ops
 
 #define KGO_ERRLEN 512
 
@@ -171,6 +173,13 @@ static kalos_status kgo_get(const kalos_handle *h, const uint64_t *ids, size_t n
 static kalos_status kgo_stats(const kalos_handle *h, kalos_stats_info *out, char *eb) {
 	out->struct_size = (uint32_t)sizeof(kalos_stats_info);
 	kalos_status st = kalos_stats(h, out);
+	kgo_err(st, eb);
+	return st;
+}
+
+static kalos_status kgo_stats_ops(const kalos_handle *h, kalos_op_count *out, size_t out_len,
+                                  size_t *needed, char *eb) {
+	kalos_status st = kalos_stats_ops(h, out, out_len, needed);
 	kgo_err(st, eb);
 	return st;
 }
@@ -540,6 +549,29 @@ func cStats(h cHandle) (Stats, Status, string) {
 		EngineFallbacks: uint64(info.engine_fallbacks),
 		FallbackReason:  C.GoString(&info.fallback_reason[0]),
 	}, st, ""
+}
+
+// cStatsOps reads the server's request counters by op and status (kalos_stats_ops).
+func cStatsOps(h cHandle) ([]OpCount, Status, string) {
+	buf := make([]C.kalos_op_count, 64)
+	for attempt := 0; ; attempt++ {
+		var need C.size_t
+		var eb errBuf
+		st := cstatus(C.kgo_stats_ops(h, &buf[0], C.size_t(len(buf)), &need, eb.ptr()))
+		if st == StatusBufferTooSmall && int(need) > len(buf) && attempt < 3 {
+			buf = make([]C.kalos_op_count, int(need)+16)
+			continue
+		}
+		if st != StatusOK {
+			return nil, st, eb.String()
+		}
+		out := make([]OpCount, int(need))
+		for i := range out {
+			c := buf[i]
+			out[i] = OpCount{Op: C.GoString(C.kalos_op_name(c.op)), Status: cstatus(c.status), Count: uint64(c.count)}
+		}
+		return out, st, ""
+	}
 }
 
 // statusName is kalos_status_str.

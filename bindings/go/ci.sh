@@ -2,11 +2,17 @@
 # CI of the Go binding: builds libkalos.so + kalosd if missing, then
 #   go vet, go test -race (the whole suite, kalosd tests included), the same under
 #   cgocheck2, the example, and the C benchmark program (compiled, not run).
+# Stores opened with role auto live in a temporary XDG_DATA_HOME (scripts/tmp-data-home.sh).
 # Usage: bindings/go/ci.sh            (from anywhere; needs go >= 1.24, gcc, cargo)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 LIB=$(realpath -m "${CARGO_TARGET_DIR:-$ROOT/target}")/release
+# Role-auto stores go to a temporary XDG_DATA_HOME, removed on exit; the run fails if the
+# user's own ~/.local/share/kalos gains an entry.
+source "$ROOT/scripts/tmp-data-home.sh"
+tmp_data_home_begin
+trap tmp_data_home_end EXIT
 
 if [[ ! -f $LIB/libkalos.so || ! -f $LIB/kalosd ]]; then
   echo "== cargo build --release"
@@ -41,4 +47,5 @@ echo "== example"
 echo "== C benchmark program"
 gcc -O2 -Wall -Wextra -Werror -I "$ROOT/include" "$HERE/bench/recall_bench.c" -L "$LIB" -lkalos \
   -o "$ROOT/target/recall_bench"
+tmp_data_home_end
 echo "ci.sh: OK"

@@ -461,6 +461,9 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, err
 	}
 	s, st, msg := cStats(h)
+	if st == StatusOK {
+		s.RequestsBy, st, msg = cStatsOps(h)
+	}
 	c.mu.RUnlock()
 	if st != StatusOK {
 		return Stats{}, callError("stats", st, msg, false)

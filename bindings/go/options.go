@@ -149,6 +149,17 @@ type Stats struct {
 	// FallbackReason says why the CUDA engine is not serving: it could not start under
 	// BackendAuto, or it failed while serving. Empty when nothing fell back.
 	FallbackReason string
+	// RequestsBy counts the requests answered since the server started by op and status,
+	// ordered by op code, then status. It is read with a second stats request, so it also
+	// counts the first.
+	RequestsBy []OpCount
+}
+
+// OpCount is one request counter of Stats.RequestsBy.
+type OpCount struct {
+	Op     string // "recall", "upsert", "delete", "delete_namespace", "get", "stats", "clear", "delete_where"
+	Status Status // the status the requests were answered with (StatusOK or an error)
+	Count  uint64
 }
 
 // RecallOption changes one recall.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI for the Java binding: builds libkalos.so + kalosd with cargo (a no-op when fresh), then runs the JUnit 5
-# suite with Maven against that library.
+# suite with Maven against that library. Stores opened with role auto live in a temporary
+# XDG_DATA_HOME (scripts/tmp-data-home.sh).
 #
 #   bindings/java/ci.sh            # release build (target/release), the default
 #   PROFILE=debug bindings/java/ci.sh
@@ -33,7 +34,14 @@ if [[ -z "${KALOSD:-}" && -x "$libdir/kalosd" ]]; then
   export KALOSD="$libdir/kalosd"
 fi
 
+# Role-auto stores go to a temporary XDG_DATA_HOME, removed on exit; the run fails if the
+# user's own ~/.local/share/kalos gains an entry.
+source "$root/scripts/tmp-data-home.sh"
+tmp_data_home_begin
+trap tmp_data_home_end EXIT
+
 echo "ci.sh: testing against $lib" >&2
 cd "$here"
 # java.library.path is set for System.loadLibrary("kalos"); KALOS_LIBRARY (absolute) wins if set.
-exec mvn -q -B test -Dkalos.library.dir="$libdir" -Dkalos.root="$root" "$@"
+mvn -q -B test -Dkalos.library.dir="$libdir" -Dkalos.root="$root" "$@"
+tmp_data_home_end

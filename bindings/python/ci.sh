@@ -47,5 +47,12 @@ fi
 KALOS_PY_NATIVE=0 "${PIP[@]}" --no-deps --force-reinstall "$HERE"
 rm -rf "$HERE/build" "$HERE"/*.egg-info
 
+# Role-auto stores go to a temporary XDG_DATA_HOME, removed on exit; the run fails if the
+# user's own ~/.local/share/kalos gains an entry.
+source "$ROOT/scripts/tmp-data-home.sh"
+tmp_data_home_begin
+trap tmp_data_home_end EXIT
+
 cd "$HERE"   # run from the source tree's tests, but import the installed package
-exec timeout 900 "$VENV/bin/pytest" -q -p no:cacheprovider "$HERE/tests" "$@"
+timeout 900 "$VENV/bin/pytest" -q -p no:cacheprovider "$HERE/tests" "$@"
+tmp_data_home_end

@@ -111,6 +111,47 @@ pub const KALOS_SYNC_INTERVAL: u32 = 1;
 /// WAL sync: never fsync (the OS decides).
 pub const KALOS_SYNC_NEVER: u32 = 2;
 
+/// Op code of `kalos_op_count`: a request of an op code the server does not know.
+pub const KALOS_OP_UNKNOWN: u32 = 0;
+/// Op code: recall (`kalos_recall`, `kalos_recall_batch`).
+pub const KALOS_OP_RECALL: u32 = 1;
+/// Op code: upsert.
+pub const KALOS_OP_UPSERT: u32 = 2;
+/// Op code: delete by id.
+pub const KALOS_OP_DELETE: u32 = 3;
+/// Op code: delete a namespace.
+pub const KALOS_OP_DELETE_NAMESPACE: u32 = 4;
+/// Op code: get by id.
+pub const KALOS_OP_GET: u32 = 5;
+/// Op code: stats (`kalos_stats`, `kalos_stats_ops`).
+pub const KALOS_OP_STATS: u32 = 6;
+/// Op code: clear.
+pub const KALOS_OP_CLEAR: u32 = 7;
+/// Op code: delete by filter expression.
+pub const KALOS_OP_DELETE_WHERE: u32 = 8;
+
+// The C op codes are the wire protocol's.
+const _: () = {
+    use crate::wire;
+    assert!(KALOS_OP_RECALL == wire::OP_RECALL && KALOS_OP_UPSERT == wire::OP_UPSERT);
+    assert!(KALOS_OP_DELETE == wire::OP_DELETE && KALOS_OP_DELETE_NAMESPACE == wire::OP_DELETE_NS);
+    assert!(KALOS_OP_GET == wire::OP_GET && KALOS_OP_STATS == wire::OP_STATS);
+    assert!(KALOS_OP_CLEAR == wire::OP_CLEAR && KALOS_OP_DELETE_WHERE == wire::OP_DELETE_WHERE);
+};
+
+/// One request counter of `kalos_stats_ops`: the requests of op `op` that the server answered
+/// with status `status` since it started.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kalos_op_count {
+    /// `KALOS_OP_*`; `kalos_op_name` names it.
+    pub op: u32,
+    /// The status of the answers counted (`KALOS_OK` or an error code).
+    pub status: kalos_status,
+    pub count: u64,
+}
+
 /// An open store. Opaque; created by `kalos_open`, closed by `kalos_close`.
 #[allow(non_camel_case_types)]
 pub struct kalos_handle {

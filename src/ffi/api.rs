@@ -791,6 +791,60 @@ pub unsafe extern "C" fn kalos_stats(h: *const kalos_handle, out: *mut kalos_sta
     })
 }
 
+/// Copies the server's request counters by op and status into `out[0..n]`: one
+/// `kalos_op_count` for each (op, status) pair that counted a request since the server
+/// started, ordered by op, then status. The counters are read with one stats request (itself
+/// counted under `KALOS_OP_STATS`, from the next call on).
+///
+/// `*needed` (may be NULL) gets n, also when the call returns `KALOS_BUFFER_TOO_SMALL`
+/// (`out_len < n`; `out` is then left unwritten). Pass `out` NULL and `out_len` 0 to ask for n
+/// only: that returns `KALOS_BUFFER_TOO_SMALL` once any request was counted. More pairs may
+/// appear between two calls: size `out` with room to spare, or call again with the new
+/// `*needed`.
+///
+/// Threading: as every call on a handle; the counters are the server's, shared by all clients.
+///
+/// # Safety
+/// `out` writable for `out_len` entries (or NULL with `out_len` 0); `needed` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_stats_ops(
+    h: *const kalos_handle,
+    out: *mut kalos_op_count,
+    out_len: usize,
+    needed: *mut usize,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        // SAFETY: writable for out_len entries per contract; NULL only with out_len 0.
+        let out = unsafe { slice_mut(out, out_len, "out") }?;
+        let s = h.stats()?;
+        let n = s.requests_by.len();
+        if !needed.is_null() {
+            // SAFETY: non-NULL, writable per contract.
+            unsafe { *needed = n };
+        }
+        if out.len() < n {
+            return Err(Error::new(Status::BufferTooSmall, format!("{n} op counters; out_len is {out_len}")));
+        }
+        for (o, c) in out.iter_mut().zip(&s.requests_by) {
+            *o = kalos_op_count { op: c.op, status: c.status as kalos_status, count: c.count };
+        }
+        Ok(())
+    })
+}
+
+/// Stable name of an op code ("recall", "upsert", "delete", "delete_namespace", "get",
+/// "stats", "clear", "delete_where"), the same names as kalosd's metrics; "unknown" for other
+/// values. The string is static: never free it. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kalos_op_name(op: u32) -> *const c_char {
+    static NAMES: once_cell::sync::Lazy<Vec<std::ffi::CString>> = once_cell::sync::Lazy::new(|| {
+        (0..=KALOS_OP_DELETE_WHERE).map(|op| std::ffi::CString::new(crate::wire::op_name(op)).unwrap()).collect()
+    });
+    NAMES.get(op as usize).map_or(c"unknown".as_ptr(), |n| n.as_ptr())
+}
+
 /// The store's vector dimension, written to `*dim`.
 ///
 /// # Safety

@@ -27,7 +27,7 @@
 use std::cell::RefCell;
 use std::ffi::c_void;
 
-use jni::objects::{JByteArray, JClass, JFloatArray, JIntArray, JLongArray, JObject, JString};
+use jni::objects::{JByteArray, JClass, JFloatArray, JIntArray, JLongArray, JObject, JObjectArray, JString};
 use jni::refs::Global;
 use jni::sys::{jdouble, jfloat, jint, jlong, jobject, jobjectArray, jstring};
 use jni::{jni_sig, jni_str, Env, EnvUnowned, JValue, Outcome};
@@ -269,6 +269,12 @@ pub extern "system" fn Java_io_kalos_Native_statusName<'l>(mut env: EnvUnowned<'
         let name = if s >= 0 && (s as usize) < Status::ALL.len() { Status::ALL[s as usize].name() } else { "UNKNOWN" };
         Ok(env.new_string(name)?.into_raw())
     })
+}
+
+/// `static native String opName(int op)`: the op code's name (`kalos_op_name`).
+#[no_mangle]
+pub extern "system" fn Java_io_kalos_Native_opName<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, op: jint) -> jstring {
+    run(&mut env, |env| Ok(env.new_string(crate::wire::op_name(op as u32))?.into_raw()))
 }
 
 /// Test hook: unwinds inside an export, to prove a panic becomes `KalosException(PANIC)`.
@@ -709,14 +715,16 @@ pub extern "system" fn Java_io_kalos_Native_get<'l>(
     })
 }
 
-/// `static native String[] stats(long h, long[] out)`: fills 18 counters (order of
-/// `io.kalos.Stats`) and returns {engine name, fallback reason}.
+/// `static native String[] stats(long h, long[] out, long[][] ops)`: fills 18 counters (order
+/// of `io.kalos.Stats`), sets `ops[0]` to the request counters by op and status as
+/// {op, status, count} triples, and returns {engine name, fallback reason}.
 #[no_mangle]
 pub extern "system" fn Java_io_kalos_Native_stats<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
     out: JLongArray<'l>,
+    ops: JObjectArray<'l>,
 ) -> jobjectArray {
     run(&mut env, |env| {
         let s = handle(h)?.stats()?;
@@ -741,6 +749,10 @@ pub extern "system" fn Java_io_kalos_Native_stats<'l>(
             s.engine_fallbacks,
         ];
         out.set_region(env, 0, as_i64(&v))?;
+        let triples: Vec<u64> = s.requests_by.iter().flat_map(|c| [c.op as u64, c.status as u64, c.count]).collect();
+        let arr = env.new_long_array(triples.len())?;
+        arr.set_region(env, 0, as_i64(&triples))?;
+        ops.set_element(env, 0, arr)?;
         let names = env.new_object_array(2, jni_str!("java/lang/String"), JObject::null())?;
         for (i, text) in [&s.engine_name, &s.fallback_reason].into_iter().enumerate() {
             let js = env.new_string(text)?;

@@ -602,6 +602,58 @@ static void test_older_layouts(void) {
     free(buf);
 }
 
+/* ---- 7. request counters by op and status (kalos_stats_ops) ---- */
+static void test_stats_ops(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-ops-%d", (int)getpid());
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_SERVER, 4);
+    kalos_handle *h = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_OK);
+    float v[4] = {1, 0, 0, 0};
+    for (uint64_t id = 1; id <= 2; id++) CHECK_STATUS(kalos_upsert(h, &id, 1, v, 4, NULL), KALOS_OK);
+    uint64_t rid[1];
+    float rsc[1];
+    size_t cnt = 0;
+    for (int i = 0; i < 3; i++) CHECK_STATUS(kalos_recall(h, v, 4, 1, NULL, rid, 1, rsc, 1, &cnt), KALOS_OK);
+    uint64_t missing = 99, del = 0;
+    CHECK_STATUS(kalos_delete(h, &missing, 1, &del), KALOS_NOT_FOUND);
+
+    /* Size query: three (op, status) pairs so far. */
+    size_t needed = 0;
+    CHECK_STATUS(kalos_stats_ops(h, NULL, 0, &needed), KALOS_BUFFER_TOO_SMALL);
+    CHECK(needed == 3, "needed %zu, want 3", needed);
+    /* Too small: out untouched, needed written (the size query is now counted too). */
+    kalos_op_count out[16];
+    memset(out, 0x5a, sizeof out);
+    CHECK_STATUS(kalos_stats_ops(h, out, 2, &needed), KALOS_BUFFER_TOO_SMALL);
+    CHECK(needed == 4 && (unsigned char)((unsigned char *)out)[0] == 0x5a, "too small: needed %zu, out untouched", needed);
+    CHECK_STATUS(kalos_stats_ops(h, out, 16, &needed), KALOS_OK);
+    CHECK(needed == 4, "needed %zu, want 4", needed);
+    /* Ordered by op code, then status. */
+    const kalos_op_count want[3] = {
+        {KALOS_OP_RECALL, KALOS_OK, 3},
+        {KALOS_OP_UPSERT, KALOS_OK, 2},
+        {KALOS_OP_DELETE, KALOS_NOT_FOUND, 1},
+    };
+    for (int i = 0; i < 3; i++) {
+        CHECK(out[i].op == want[i].op && out[i].status == want[i].status && out[i].count == want[i].count,
+              "counter %d: %s/%s=%llu", i, kalos_op_name(out[i].op), kalos_status_str(out[i].status),
+              (unsigned long long)out[i].count);
+    }
+    /* The server answers a stats request OK even when the caller's buffer is too small. */
+    CHECK(out[3].op == KALOS_OP_STATS && out[3].status == KALOS_OK && out[3].count == 2, "stats counter: %s/%s=%llu",
+          kalos_op_name(out[3].op), kalos_status_str(out[3].status), (unsigned long long)out[3].count);
+    CHECK_STATUS(kalos_stats_ops(h, NULL, 0, NULL), KALOS_BUFFER_TOO_SMALL);
+    CHECK_STATUS(kalos_stats_ops(h, NULL, 4, &needed), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_stats_ops(NULL, out, 16, &needed), KALOS_NULL_POINTER);
+    CHECK(strcmp(kalos_op_name(KALOS_OP_RECALL), "recall") == 0 && strcmp(kalos_op_name(KALOS_OP_DELETE_WHERE), "delete_where") == 0,
+          "op names");
+    CHECK(strcmp(kalos_op_name(KALOS_OP_UNKNOWN), "unknown") == 0 && strcmp(kalos_op_name(1000), "unknown") == 0,
+          "unknown op names");
+    kalos_close(h);
+}
+
 int main(void) {
     const char *seed = getenv("KALOS_SEED");
     g_rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
@@ -611,6 +663,7 @@ int main(void) {
     test_version_mismatch();
     test_role_auto();
     test_older_layouts();
+    test_stats_ops();
     test_server_closed();
     test_server_killed();
     test_multiprocess();

@@ -14,7 +14,7 @@ static kalos_options shared;
 
 static void *init(void *arg) {
     (void)arg;
-    kalos_options_init(&shared);
+    kalos_options_init(&shared, sizeof shared);
     return NULL;
 }
 

@@ -856,12 +856,16 @@ class Kalos:
         ``engine_name``, ``requests``, ``queries``, ``batches``, ``errors``, ``p50_ns``,
         ``p99_ns``, ``queue_depth``, ``server_pid``, ``epoch``, ``payload_bytes``,
         ``uptime_ms``, ``engine_fallbacks``, ``fallback_reason``: why the CUDA engine is not serving, "" when
-        nothing fell back, ...)."""
+        nothing fell back, ...) and ``requests_by``: the requests answered since the server
+        started by op and status, a list of ``{"op": "recall", "status": "OK", "count": 3}``
+        ordered by op code, then status (kalosd's ``stats --json`` names; read with a second
+        stats request, so it also counts the first)."""
         info = _ffi.kalos_stats_info()
         info.struct_size = ctypes.sizeof(info)
         h = self._enter()
         try:
             rc = _lib.kalos_stats(h, byref(info))
+            ops = self._stats_ops(h) if rc == 0 else []
         finally:
             self._active.pop()
         _check(rc)
@@ -876,7 +880,23 @@ class Kalos:
         out["engine"] = _BACKEND_NAMES.get(info.engine, str(info.engine))
         out["metric"] = _METRIC_NAMES.get(info.metric, str(info.metric))
         out["dtype"] = _DTYPE_NAMES.get(info.dtype, str(info.dtype))
+        out["requests_by"] = [
+            {"op": _lib.kalos_op_name(c.op).decode(), "status": status_name(c.status), "count": int(c.count)} for c in ops
+        ]
         return out
+
+    @staticmethod
+    def _stats_ops(h: int) -> List[Any]:
+        """The server's (op, status) request counters (``kalos_stats_ops``)."""
+        needed = c_size_t(0)
+        for _ in range(4):
+            buf = (_ffi.kalos_op_count * max(needed.value + 16, 64))()
+            rc = _lib.kalos_stats_ops(h, buf, len(buf), byref(needed))
+            if rc == 0:
+                return list(buf[: needed.value])
+            if rc != STATUS_CODES["BUFFER_TOO_SMALL"]:
+                _check(rc)
+        raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: op counters kept growing")  # pragma: no cover
 
     def __len__(self) -> int:
         """Number of live memories (``stats()["count"]``)."""

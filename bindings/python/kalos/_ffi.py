@@ -66,6 +66,16 @@ KALOS_SYNC_ALWAYS = 0
 KALOS_SYNC_INTERVAL = 1
 KALOS_SYNC_NEVER = 2
 
+KALOS_OP_UNKNOWN = 0
+KALOS_OP_RECALL = 1
+KALOS_OP_UPSERT = 2
+KALOS_OP_DELETE = 3
+KALOS_OP_DELETE_NAMESPACE = 4
+KALOS_OP_GET = 5
+KALOS_OP_STATS = 6
+KALOS_OP_CLEAR = 7
+KALOS_OP_DELETE_WHERE = 8
+
 #: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
 STATUS_CODES = {
     "OK": 0,
@@ -207,6 +217,14 @@ class kalos_stats_info(Structure):
     ]
 
 
+class kalos_op_count(Structure):
+    _fields_ = [
+        ("op", c_uint32),
+        ("status", kalos_status),
+        ("count", c_uint64),
+    ]
+
+
 class kalos_handle(Structure):
     """Opaque handle; only ever used through a pointer."""
 
@@ -334,6 +352,13 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
         ("const struct kalos_handle *", kalos_handle_p),
         ("struct kalos_stats_info *", POINTER(kalos_stats_info)),
     ]),
+    "kalos_stats_ops": (kalos_status, [
+        ("const struct kalos_handle *", kalos_handle_p),
+        ("struct kalos_op_count *", POINTER(kalos_op_count)),
+        ("size_t", c_size_t),
+        ("size_t *", POINTER(c_size_t)),
+    ]),
+    "kalos_op_name": (c_char_p, [("uint32_t", c_uint32)]),
     "kalos_dim": (kalos_status, [
         ("const struct kalos_handle *", kalos_handle_p),
         ("uint32_t *", POINTER(c_uint32)),

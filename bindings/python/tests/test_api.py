@@ -236,6 +236,22 @@ def test_stats(kv):
         assert key in s
 
 
+def test_stats_counts_requests_by_op_and_status(kv):
+    kv.upsert([1, 2], np.ones((2, 16)))
+    kv.upsert([3], np.ones((1, 16)))
+    for _ in range(3):
+        kv.recall(np.ones(16), k=1)
+    with pytest.raises(kalos.NotFoundError):
+        kv.get([99])
+    by = {(c["op"], c["status"]): c["count"] for c in kv.stats()["requests_by"]}
+    assert by[("upsert", "OK")] == 2 and by[("recall", "OK")] == 3, by
+    assert by[("get", "NOT_FOUND")] == 1, by
+    # The first stats request of the call is counted by the time the counters are read.
+    assert by[("stats", "OK")] == 1, by
+    assert all(c > 0 for c in by.values())
+    assert kv.stats()["requests_by"][-1] == {"op": "stats", "status": "OK", "count": 3}
+
+
 def test_roles_and_attach(name):
     with kalos.open(name, dim=8, role="server") as server:
         with kalos.open(name, role="client") as client:  # dim 0: take the server's

@@ -464,14 +464,15 @@ public final class Kalos implements AutoCloseable {
     /** The server's statistics. */
     public Stats stats() {
         long[] v = new long[Stats.N];
+        long[][] ops = new long[1][];
         String[] names;
         long h = acquire();
         try {
-            names = Native.stats(h, v);
+            names = Native.stats(h, v, ops);
         } finally {
             release();
         }
-        return new Stats(v, names[0], names[1]);
+        return new Stats(v, names[0], names[1], ops[0]);
     }
 
     /**

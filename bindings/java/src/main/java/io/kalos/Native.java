@@ -52,5 +52,7 @@ final class Native {
 
     static native byte[] get(long h, long[] ids, float[] vectors, long[] meta, int[] lens);
 
-    static native String[] stats(long h, long[] out);
+    static native String[] stats(long h, long[] out, long[][] ops);
+
+    static native String opName(int op);
 }

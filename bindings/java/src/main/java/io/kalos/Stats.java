@@ -1,5 +1,9 @@
 package io.kalos;
 
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+
 /** Server statistics ({@link Kalos#stats()}). */
 public final class Stats {
     public final long count;
@@ -30,10 +34,16 @@ public final class Stats {
      */
     public final String fallbackReason;
 
+    /**
+     * The requests answered since the server started by op and status, ordered by op code, then
+     * status.
+     */
+    public final List<OpCount> requestsBy;
+
     /** Number of counters {@code Native.stats} fills. */
     static final int N = 18;
 
-    Stats(long[] v, String engineName, String fallbackReason) {
+    Stats(long[] v, String engineName, String fallbackReason, long[] ops) {
         count = v[0];
         capacity = v[1];
         dim = v[2];
@@ -54,6 +64,11 @@ public final class Stats {
         engineFallbacks = v[17];
         this.engineName = engineName;
         this.fallbackReason = fallbackReason;
+        List<OpCount> by = new ArrayList<>(ops.length / 3);
+        for (int i = 0; i + 2 < ops.length; i += 3) {
+            by.add(new OpCount(Native.opName((int) ops[i]), KalosException.Status.fromCode((int) ops[i + 1]), ops[i + 2]));
+        }
+        requestsBy = Collections.unmodifiableList(by);
     }
 
     @Override
