@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "Expr", "eq", "ne", "gt", "gte", "lt", "lte", "in_", "nin", "exists", "contains",
-    "and_", "or_", "not_", "from_dict", "encode_fields", "decode_fields", "MAX_DEPTH",
+    "and_", "or_", "not_", "from_dict", "matches", "encode_fields", "decode_fields", "MAX_DEPTH",
 ]
 
 FILTER_VERSION = 1
@@ -150,6 +150,49 @@ class Expr:
         b = bytearray([FILTER_VERSION])
         self._put(b, 1)
         return bytes(b)
+
+
+def _kind(v: Any) -> Any:
+    """(kind, comparable value) with docs/FORMATS.md's ordering: numbers (int, float and
+    timestamp as exact numbers), strings, bools."""
+    if isinstance(v, bool):
+        return "bool", v
+    if isinstance(v, _dt.datetime):
+        return "num", _ms(v)
+    if isinstance(v, (int, float)):
+        return "num", v
+    return "str", v.encode("utf-8") if isinstance(v, str) else v
+
+
+def matches(expr: Expr, fields: Mapping[str, Any]) -> bool:
+    """Whether one memory's fields (a dict as written or as :func:`decode_fields` reads it)
+    match ``expr``, with the library's semantics. The library evaluates filters itself; this is
+    the reference that tests and the adapters' slower paths use."""
+    op = expr.op
+    if op == _AND:
+        return all(matches(c, fields) for c in expr.children)
+    if op == _OR:
+        return any(matches(c, fields) for c in expr.children)
+    if op == _NOT:
+        return not matches(expr.children[0], fields)
+    have = fields.get(expr.field)
+    if op == _EXISTS:
+        return have is not None and have != []
+    if op in (_NE, _NIN):
+        return not matches(Expr(_EQ if op == _NE else _IN, expr.field, expr.value), fields)
+    if have is None:
+        return False
+    tags = isinstance(have, (list, tuple, set, frozenset))
+    values = [_kind(v) for v in (have if tags else [have])]
+    if op in (_EQ, _CONTAINS, _IN):
+        wanted = [_kind(v) for v in (expr.value if op == _IN else [expr.value])]
+        return any(v == w for v in values for w in wanted)
+    if tags:
+        return False
+    (k, v), (wk, w) = values[0], _kind(expr.value)
+    if k != wk:
+        return False
+    return {_GT: v > w, _GTE: v >= w, _LT: v < w, _LTE: v <= w}[op]
 
 
 def _cmp(op: int, field: str, value: Scalar) -> Expr:
