@@ -41,9 +41,6 @@ def upsert_lenient(client: "kalos.Kalos", keys: List[int], vectors: Any, fields:
             return
         except kalos.InvalidArgumentError as e:
             m = _CONFLICT.search(str(e))
-            if not m or int(m.group(2)) not in keys:
-                raise
-            before = len(fields[keys.index(int(m.group(2)))])
-            fields[keys.index(int(m.group(2)))].pop(m.group(1), None)
-            if len(fields[keys.index(int(m.group(2)))]) == before:
+            item = fields[keys.index(int(m.group(2)))] if m and int(m.group(2)) in keys else None
+            if item is None or item.pop(m.group(1), None) is None:
                 raise

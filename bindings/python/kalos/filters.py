@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import struct
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "Expr", "eq", "ne", "gt", "gte", "lt", "lte", "in_", "nin", "exists", "contains",
@@ -201,28 +201,22 @@ def _cmp(op: int, field: str, value: Scalar) -> Expr:
     return Expr(op, field, value)
 
 
-def eq(field: str, value: Scalar) -> Expr:
-    return _cmp(_EQ, field, value)
+def _comparison(op: int, name: str, doc: str) -> Callable[[str, Scalar], Expr]:
+    def build(field: str, value: Scalar) -> Expr:
+        return _cmp(op, field, value)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    return build
 
 
-def ne(field: str, value: Scalar) -> Expr:
-    return _cmp(_NE, field, value)
-
-
-def gt(field: str, value: Scalar) -> Expr:
-    return _cmp(_GT, field, value)
-
-
-def gte(field: str, value: Scalar) -> Expr:
-    return _cmp(_GTE, field, value)
-
-
-def lt(field: str, value: Scalar) -> Expr:
-    return _cmp(_LT, field, value)
-
-
-def lte(field: str, value: Scalar) -> Expr:
-    return _cmp(_LTE, field, value)
+eq = _comparison(_EQ, "eq", "The field equals ``value`` (a tags field: holds it).")
+ne = _comparison(_NE, "ne", "Not ``eq``: also matches memories without the field.")
+gt = _comparison(_GT, "gt", "The field is greater than ``value`` (numbers with numbers, strings bytewise).")
+gte = _comparison(_GTE, "gte", "The field is at least ``value``.")
+lt = _comparison(_LT, "lt", "The field is less than ``value``.")
+lte = _comparison(_LTE, "lte", "The field is at most ``value``.")
+contains = _comparison(_CONTAINS, "contains", "A tags field holds ``value`` (a keyword field: equals it).")
 
 
 def _values(values: Iterable[Scalar]) -> List[Scalar]:
@@ -248,11 +242,6 @@ def nin(field: str, values: Iterable[Scalar]) -> Expr:
 
 def exists(field: str) -> Expr:
     return Expr(_EXISTS, field)
-
-
-def contains(field: str, value: Scalar) -> Expr:
-    """A tags field holds ``value`` (a keyword field: equals it)."""
-    return _cmp(_CONTAINS, field, value)
 
 
 def and_(*exprs: Expr) -> Expr:
