@@ -328,7 +328,8 @@ class KalosVectorStore(VectorStore):
             return lambda d: clamp(1.0 - float(np.sqrt(max(d, 0.0))) / float(np.sqrt(2.0)))
         if self._metric == "cosine":
             return lambda s: clamp(s)  # LangChain's _cosine_relevance_score_fn: 1 - (1 - cos) = cos
-        return lambda s: clamp((1.0 + s) / 2.0)  # ip on normalised vectors: [-1, 1] -> [0, 1]
+        # LangChain's _max_inner_product_relevance_score_fn takes the distance -ip.
+        return lambda s: clamp(self._max_inner_product_relevance_score_fn(-s))
 
     def max_marginal_relevance_search_by_vector(
         self,
