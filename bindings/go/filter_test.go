@@ -229,6 +229,12 @@ func TestFilteredRecall(t *testing.T) {
 	if _, err := cl.Recall(bg(), vecs[:dim], 5, WithFilter(Eq("n", struct{}{}))); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("recall with a bad filter: err = %v", err)
 	}
+	if got, err := cl.Recall(bg(), vecs[:dim], 5, WithFilter(nil)); err != nil || len(got) != 5 {
+		t.Errorf("recall WithFilter(nil) = %v, %v; want 5 unfiltered hits", got, err)
+	}
+	if _, err := cl.DeleteWhere(bg(), nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("DeleteWhere(nil) err = %v", err)
+	}
 
 	// DeleteWhere from the client; the server's handle sees the same store.
 	del, err := cl.DeleteWhere(bg(), Eq("user", "bob"))

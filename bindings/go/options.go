@@ -164,9 +164,14 @@ func WithNamespaces(ns ...uint64) RecallOption {
 // WithFilter restricts a recall to memories whose metadata fields match f. The filter is
 // applied inside the scan with the namespaces, before the top-k: the recall returns k hits
 // whenever k memories match. A filter that does not encode fails the call with an error
-// matching ErrInvalidArgument.
+// matching ErrInvalidArgument. WithFilter(nil) sets no filter.
 func WithFilter(f *Filter) RecallOption {
-	return func(a *recallArgs) { a.filter, a.err = f.Encode() }
+	return func(a *recallArgs) {
+		a.filter, a.err = nil, nil
+		if f != nil {
+			a.filter, a.err = f.Encode()
+		}
+	}
 }
 
 // WithRecency blends recency into the score (ip and cosine only):
