@@ -2,8 +2,8 @@
 
 Fields (``Kalos.upsert(..., metadata=[...])``) are a dict per memory. A value's Python type picks
 the field type: ``str`` keyword, ``list``/``tuple``/``set`` of ``str`` tags, ``bool`` bool, ``int``
-int64, ``float`` float64, ``datetime.datetime`` timestamp (unix ms; naive datetimes are taken as
-UTC). ``None`` values are left out. A field is typed by the first write that sets it; a later
+int64, ``float`` float64, ``datetime.datetime`` timestamp (unix ms, rounded down; naive datetimes
+are taken as UTC). ``None`` values are left out. A field is typed by the first write that sets it; a later
 write of another type raises :class:`kalos.InvalidArgumentError`.
 
 Filters (``Kalos.recall(..., filter=...)``) are built with the functions below, combined with
@@ -60,10 +60,25 @@ def _str(b: bytearray, s: str) -> None:
     b += raw
 
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_MS = _dt.timedelta(milliseconds=1)
+
+
 def _ms(t: _dt.datetime) -> int:
+    """Unix milliseconds, rounded down (as Go's UnixMilli and Java's toEpochMilli)."""
     if t.tzinfo is None:
         t = t.replace(tzinfo=_dt.timezone.utc)
-    return int(t.timestamp() * 1000)
+    return (t - _EPOCH) // _MS
+
+
+def _date(v: Any) -> Any:
+    """``{"$date": unix ms}`` (the JSON form of a timestamp) as a datetime; anything else as is."""
+    if isinstance(v, Mapping) and len(v) == 1 and "$date" in v:
+        ms = v["$date"]
+        if not isinstance(ms, int) or isinstance(ms, bool):
+            raise TypeError(f'{{"$date": ...}} takes integer unix milliseconds, got {ms!r}')
+        return _EPOCH + ms * _MS
+    return v
 
 
 def _value(b: bytearray, v: Any, tags_ok: bool) -> None:
@@ -271,9 +286,11 @@ _OPS = {"$eq": eq, "$ne": ne, "$gt": gt, "$gte": gte, "$lt": lt, "$lte": lte, "$
 
 
 def _field_cond(field: str, cond: Any) -> Expr:
+    cond = _date(cond)
     if isinstance(cond, Mapping):
         parts: List[Expr] = []
         for op, v in cond.items():
+            v = [_date(x) for x in v] if op in ("$in", "$nin") and isinstance(v, (list, tuple)) else _date(v)
             if op == "$exists":
                 parts.append(exists(field) if v else not_(exists(field)))
             elif op == "$not":
@@ -286,7 +303,7 @@ def _field_cond(field: str, cond: Any) -> Expr:
             raise ValueError(f"empty condition on field {field!r}")
         return and_(*parts)
     if isinstance(cond, (list, tuple, set)):
-        return in_(field, cond)
+        return in_(field, [_date(x) for x in cond])
     return eq(field, cond)
 
 
@@ -294,7 +311,8 @@ def from_dict(d: Mapping[str, Any]) -> Expr:
     """A Mongo / Chroma / Qdrant style filter dict as an :class:`Expr`.
 
     ``{"user": "ann"}`` is eq; ``{"n": {"$gte": 3, "$lt": 9}}`` and of both; ``{"$and": [...]}``,
-    ``{"$or": [...]}``, ``{"$not": {...}}``; field operators ``$eq $ne $gt $gte $lt $lte $in
+    ``{"$or": [...]}``, ``{"$not": {...}}``; ``{"$date": unix ms}`` is a timestamp value;
+    field operators ``$eq $ne $gt $gte $lt $lte $in
     $nin $exists $contains $not``. Several keys in one dict are and-ed.
     """
     if not isinstance(d, Mapping):

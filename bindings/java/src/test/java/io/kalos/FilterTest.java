@@ -31,6 +31,7 @@ class FilterTest {
         m.put("eq_float", Filter.eq("score", 0.5));
         m.put("eq_bool", Filter.eq("done", true));
         m.put("eq_timestamp", Filter.eq("at", Instant.parse("2024-01-02T03:04:05Z")));
+        m.put("lt_timestamp_before_1970", Filter.lt("at", Instant.parse("1969-12-31T23:59:59.999500Z")));
         m.put("ne", Filter.ne("user", "bob"));
         m.put("gt_float", Filter.gt("score", 1.25));
         m.put("lte_int", Filter.lte("n", -3));
