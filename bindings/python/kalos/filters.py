@@ -3,8 +3,8 @@
 Fields (``Kalos.upsert(..., metadata=[...])``) are a dict per memory. A value's Python type picks
 the field type: ``str`` keyword, ``list``/``tuple``/``set`` of ``str`` tags, ``bool`` bool, ``int``
 int64, ``float`` float64, ``datetime.datetime`` timestamp (unix ms, rounded down; naive datetimes
-are taken as UTC). ``None`` values are left out. A field is typed by the first write that sets it; a later
-write of another type raises :class:`kalos.InvalidArgumentError`.
+are taken as UTC). ``None`` values are left out. A field is typed by the first write that sets it;
+a later write of another type raises :class:`kalos.InvalidArgumentError`.
 
 Filters (``Kalos.recall(..., filter=...)``) are built with the functions below, combined with
 ``&``, ``|`` and ``~``, or written as a Mongo-style dict (:func:`from_dict`)::
