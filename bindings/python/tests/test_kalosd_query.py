@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal
 import subprocess
 
 import numpy as np
@@ -13,23 +12,14 @@ import numpy as np
 import kalos
 from kalos import filters as F
 from conftest import kalosd_path
+from test_kalosd import _serve as serve_kalosd, _stop
 from test_filter_vectors import load as load_vectors
 
 D = 4
 
 
 def _serve(name, *extra):
-    p = subprocess.Popen([str(kalosd_path()), "serve", "--name", name, "--dim", str(D), "--metric", "ip",
-                          "--backend", "cpu", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    assert "serving" in line, (line, p.stderr.read() if p.poll() is not None else "")
-    return p
-
-
-def _stop(p):
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, (out, err)
+    return serve_kalosd(["--dim", str(D), "--metric", "ip", "--backend", "cpu", *extra], name)
 
 
 def _query(name, requests):
