@@ -6,12 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import atexit
 import re
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("MEM0_TELEMETRY", "False")
+if "MEM0_DIR" not in os.environ:  # mem0 writes its config there: not ~/.mem0
+    os.environ["MEM0_DIR"] = tempfile.mkdtemp(prefix="kalos-mem0-")
+    atexit.register(shutil.rmtree, os.environ["MEM0_DIR"], True)
 os.environ.setdefault("OPENAI_API_KEY", "sk-unused")  # mem0 builds its default clients; none is called
 pytest.importorskip("mem0")
 
