@@ -11,13 +11,14 @@ import (
 
 // Metadata fields and filter expressions (docs/FORMATS.md, "Metadata fields" and "Filter
 // expressions"). The bytes these builders produce are the same as those of the Python
-// builders in kalos.filters for the same filter (bindings/testdata/filter_vectors.txt checks
-// it in every binding).
+// builders in kalos.filters for the same filter (tests/data/filter_vectors.jsonl checks it in
+// every binding and in kalosd).
 
 // Fields are the typed metadata of one memory. A value's Go type picks the field type:
-// string keyword, []string tags, int/int32/int64 int64, float32/float64 float64, bool bool,
-// time.Time timestamp (unix milliseconds). A field is typed by the first write that sets it;
-// a later write of another type fails with an error matching ErrInvalidArgument.
+// string keyword, []string tags, int/int32/int64/uint/uint32/uint64 (up to MaxInt64) int64,
+// float32/float64 float64, bool bool, time.Time timestamp (unix milliseconds, rounded down).
+// A field is typed by the first write that sets it; a later write of another type fails with
+// an error matching ErrInvalidArgument.
 type Fields map[string]any
 
 const (
@@ -242,6 +243,15 @@ func putValue(b []byte, v any, tagsOK bool) ([]byte, error) {
 		return putInt(b, tInt, int64(x)), nil
 	case int64:
 		return putInt(b, tInt, x), nil
+	case uint32:
+		return putInt(b, tInt, int64(x)), nil
+	case uint:
+		return putValue(b, uint64(x), tagsOK)
+	case uint64:
+		if x > math.MaxInt64 {
+			return nil, fmt.Errorf("%d does not fit int64", x)
+		}
+		return putInt(b, tInt, int64(x)), nil
 	case float32:
 		return putValue(b, float64(x), tagsOK)
 	case float64:

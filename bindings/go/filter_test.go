@@ -100,6 +100,7 @@ func TestFilterEncodeErrors(t *testing.T) {
 		{Eq("x", []string{"a"}), "tags value is not allowed"},
 		{Gt("x", math.NaN()), "not finite"},
 		{Lt("x", math.Inf(-1)), "not finite"},
+		{Eq("x", uint64(math.MaxInt64)+1), "does not fit int64"},
 		{In("x", 1, struct{}{}), "unsupported value"},
 		{And(Eq("a", 1), nil), "nil filter"},
 		{deep, "deeper than 32"},
