@@ -43,6 +43,10 @@ package kalos
 #cgo nocallback kgo_stats
 #cgo noescape kgo_stats_ops
 #cgo nocallback kgo_stats_ops
+#cgo noescape kgo_delete_where
+#cgo nocallback kgo_delete_where
+#cgo noescape kgo_get_fields
+#cgo nocallback kgo_get_fields
 
 #define KGO_ERRLEN 512
 
@@ -74,8 +78,10 @@ static kalos_status kgo_dim(const kalos_handle *h, uint32_t *dim, char *eb) {
 }
 
 static void kgo_recall_params(kalos_recall_params *p, const uint64_t *ns, size_t ns_len,
-                              float rw, double hl, uint64_t tmo) {
+                              float rw, double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len) {
 	kalos_recall_params_init(p, sizeof *p);
+	p->filter = flt;
+	p->filter_len = flt_len;
 	p->namespaces = ns;
 	p->namespaces_len = ns_len;
 	p->recency_weight = rw;
@@ -85,10 +91,11 @@ static void kgo_recall_params(kalos_recall_params *p, const uint64_t *ns, size_t
 
 static kalos_status kgo_recall(const kalos_handle *h, const float *q, size_t qlen, uint32_t k,
                                const uint64_t *ns, size_t ns_len, float rw, double hl, uint64_t tmo,
+                               const uint8_t *flt, size_t flt_len,
                                uint64_t *ids, size_t ids_len, float *scores, size_t scores_len,
                                size_t *count, char *eb) {
 	kalos_recall_params p;
-	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo);
+	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len);
 	kalos_status st = kalos_recall(h, q, qlen, k, &p, ids, ids_len, scores, scores_len, count);
 	kgo_err(st, eb);
 	return st;
@@ -96,11 +103,12 @@ static kalos_status kgo_recall(const kalos_handle *h, const float *q, size_t qle
 
 static kalos_status kgo_recall_batch(const kalos_handle *h, const float *q, size_t qlen, size_t nq,
                                      uint32_t k, const uint64_t *ns, size_t ns_len, float rw,
-                                     double hl, uint64_t tmo, uint64_t *ids, size_t ids_len,
+                                     double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len,
+                                     uint64_t *ids, size_t ids_len,
                                      float *scores, size_t scores_len, size_t *counts,
                                      size_t counts_len, char *eb) {
 	kalos_recall_params p;
-	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo);
+	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len);
 	kalos_status st = kalos_recall_batch(h, q, qlen, nq, k, &p, ids, ids_len, scores, scores_len,
 	                                     counts, counts_len);
 	kgo_err(st, eb);
@@ -109,12 +117,13 @@ static kalos_status kgo_recall_batch(const kalos_handle *h, const float *q, size
 
 static kalos_status kgo_recall_payloads(const kalos_handle *h, const float *q, size_t qlen,
                                         uint32_t k, const uint64_t *ns, size_t ns_len, float rw,
-                                        double hl, uint64_t tmo, uint64_t *ids, size_t ids_len,
+                                        double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len,
+                                     uint64_t *ids, size_t ids_len,
                                         float *scores, size_t scores_len, uint8_t *buf,
                                         size_t buf_len, uint32_t *lens, size_t lens_len,
                                         size_t *count, size_t *needed, char *eb) {
 	kalos_recall_params p;
-	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo);
+	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len);
 	kalos_status st = kalos_recall_payloads(h, q, qlen, k, &p, ids, ids_len, scores, scores_len,
 	                                        buf, buf_len, lens, lens_len, count, needed);
 	kgo_err(st, eb);
@@ -125,7 +134,8 @@ static kalos_status kgo_upsert(const kalos_handle *h, const uint64_t *ids, size_
                                const float *vecs, size_t vecs_len, uint64_t ns_id,
                                const uint64_t *ns, size_t ns_len, const uint8_t *payloads,
                                size_t payloads_len, const uint32_t *lens, size_t lens_len,
-                               uint64_t ttl_ms, uint64_t expires_at_ms, uint64_t tmo, char *eb) {
+                               uint64_t ttl_ms, uint64_t expires_at_ms, uint64_t tmo,
+                               const uint8_t *fields, size_t fields_len, char *eb) {
 	kalos_upsert_params p;
 	kalos_upsert_params_init(&p, sizeof p);
 	p.namespace_id = ns_id;
@@ -138,6 +148,8 @@ static kalos_status kgo_upsert(const kalos_handle *h, const uint64_t *ids, size_
 	p.ttl_ms = ttl_ms;
 	p.expires_at_ms = expires_at_ms;
 	p.timeout_ms = tmo;
+	p.fields = fields;
+	p.fields_len = fields_len;
 	kalos_status st = kalos_upsert(h, ids, n, vecs, vecs_len, &p);
 	kgo_err(st, eb);
 	return st;
@@ -166,6 +178,21 @@ static kalos_status kgo_get(const kalos_handle *h, const uint64_t *ids, size_t n
                             size_t buf_len, uint32_t *lens, size_t lens_len, size_t *needed,
                             char *eb) {
 	kalos_status st = kalos_get(h, ids, n, vecs, vecs_len, ns, ns_len, buf, buf_len, lens, lens_len, needed);
+	kgo_err(st, eb);
+	return st;
+}
+
+static kalos_status kgo_delete_where(const kalos_handle *h, const uint64_t *ns, size_t ns_len,
+                                     const uint8_t *flt, size_t flt_len, uint64_t *deleted, char *eb) {
+	kalos_status st = kalos_delete_where(h, ns, ns_len, flt, flt_len, deleted);
+	kgo_err(st, eb);
+	return st;
+}
+
+static kalos_status kgo_get_fields(const kalos_handle *h, const uint64_t *ids, size_t n, uint8_t *buf,
+                                   size_t buf_len, uint32_t *lens, size_t lens_len, size_t *needed,
+                                   char *eb) {
+	kalos_status st = kalos_get_fields(h, ids, n, buf, buf_len, lens, lens_len, needed);
 	kgo_err(st, eb);
 	return st;
 }
@@ -388,6 +415,8 @@ type recallArgs struct {
 	weight     float32
 	halfLifeMS float64
 	timeoutMS  uint64
+	filter     []byte
+	err        error // a filter that did not encode
 }
 
 func cRecall(h cHandle, q []float32, k int, a *recallArgs, ids []uint64, scores []float32) (int, Status, string) {
@@ -395,12 +424,13 @@ func cRecall(h cHandle, q []float32, k int, a *recallArgs, ids []uint64, scores 
 	var eb errBuf
 	st := cstatus(C.kgo_recall(h, f32p(q), C.size_t(len(q)), C.uint32_t(k),
 		u64p(a.namespaces), C.size_t(len(a.namespaces)), C.float(a.weight), C.double(a.halfLifeMS),
-		C.uint64_t(a.timeoutMS), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
+		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
 		&count, eb.ptr()))
 	runtime.KeepAlive(q)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(scores)
 	runtime.KeepAlive(a.namespaces)
+	runtime.KeepAlive(a.filter)
 	if st != StatusOK {
 		return 0, st, eb.String()
 	}
@@ -411,12 +441,13 @@ func cRecallBatch(h cHandle, q []float32, nq, k int, a *recallArgs, ids []uint64
 	var eb errBuf
 	st := cstatus(C.kgo_recall_batch(h, f32p(q), C.size_t(len(q)), C.size_t(nq), C.uint32_t(k),
 		u64p(a.namespaces), C.size_t(len(a.namespaces)), C.float(a.weight), C.double(a.halfLifeMS),
-		C.uint64_t(a.timeoutMS), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
+		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
 		sizep(counts), C.size_t(len(counts)), eb.ptr()))
 	runtime.KeepAlive(q)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(scores)
 	runtime.KeepAlive(a.namespaces)
+	runtime.KeepAlive(a.filter)
 	runtime.KeepAlive(counts)
 	if st != StatusOK {
 		return st, eb.String()
@@ -430,12 +461,13 @@ func cRecallPayloads(h cHandle, q []float32, k int, a *recallArgs, ids []uint64,
 	var eb errBuf
 	st = cstatus(C.kgo_recall_payloads(h, f32p(q), C.size_t(len(q)), C.uint32_t(k),
 		u64p(a.namespaces), C.size_t(len(a.namespaces)), C.float(a.weight), C.double(a.halfLifeMS),
-		C.uint64_t(a.timeoutMS), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
+		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
 		u8p(buf), C.size_t(len(buf)), u32p(lens), C.size_t(len(lens)), &cnt, &need, eb.ptr()))
 	runtime.KeepAlive(q)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(scores)
 	runtime.KeepAlive(a.namespaces)
+	runtime.KeepAlive(a.filter)
 	runtime.KeepAlive(buf)
 	runtime.KeepAlive(lens)
 	if st != StatusOK {
@@ -453,6 +485,8 @@ type upsertArgs struct {
 	ttlMS       uint64
 	expiresAtMS uint64
 	timeoutMS   uint64
+	fields      []byte
+	err         error // fields that did not encode
 }
 
 func cUpsert(h cHandle, ids []uint64, vecs []float32, a *upsertArgs) (Status, string) {
@@ -460,12 +494,14 @@ func cUpsert(h cHandle, ids []uint64, vecs []float32, a *upsertArgs) (Status, st
 	st := cstatus(C.kgo_upsert(h, u64p(ids), C.size_t(len(ids)), f32p(vecs), C.size_t(len(vecs)),
 		C.uint64_t(a.namespace), u64p(a.namespaces), C.size_t(len(a.namespaces)),
 		u8p(a.payloads), C.size_t(len(a.payloads)), u32p(a.payloadLens), C.size_t(len(a.payloadLens)),
-		C.uint64_t(a.ttlMS), C.uint64_t(a.expiresAtMS), C.uint64_t(a.timeoutMS), eb.ptr()))
+		C.uint64_t(a.ttlMS), C.uint64_t(a.expiresAtMS), C.uint64_t(a.timeoutMS),
+		u8p(a.fields), C.size_t(len(a.fields)), eb.ptr()))
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(vecs)
 	runtime.KeepAlive(a.namespaces)
 	runtime.KeepAlive(a.payloads)
 	runtime.KeepAlive(a.payloadLens)
+	runtime.KeepAlive(a.fields)
 	if st != StatusOK {
 		return st, eb.String()
 	}
@@ -512,6 +548,32 @@ func cGet(h cHandle, ids []uint64, vecs []float32, ns []uint64, buf []byte, lens
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(vecs)
 	runtime.KeepAlive(ns)
+	runtime.KeepAlive(buf)
+	runtime.KeepAlive(lens)
+	if st != StatusOK {
+		return int(need), st, eb.String()
+	}
+	return int(need), st, ""
+}
+
+func cDeleteWhere(h cHandle, ns []uint64, filter []byte) (uint64, Status, string) {
+	var n C.uint64_t
+	var eb errBuf
+	st := cstatus(C.kgo_delete_where(h, u64p(ns), C.size_t(len(ns)), u8p(filter), C.size_t(len(filter)), &n, eb.ptr()))
+	runtime.KeepAlive(ns)
+	runtime.KeepAlive(filter)
+	if st != StatusOK {
+		return 0, st, eb.String()
+	}
+	return uint64(n), st, ""
+}
+
+func cGetFields(h cHandle, ids []uint64, buf []byte, lens []uint32) (needed int, st Status, msg string) {
+	var need C.size_t
+	var eb errBuf
+	st = cstatus(C.kgo_get_fields(h, u64p(ids), C.size_t(len(ids)), u8p(buf), C.size_t(len(buf)),
+		u32p(lens), C.size_t(len(lens)), &need, eb.ptr()))
+	runtime.KeepAlive(ids)
 	runtime.KeepAlive(buf)
 	runtime.KeepAlive(lens)
 	if st != StatusOK {

@@ -183,6 +183,9 @@ func (c *Client) RecallInto(ctx context.Context, query []float32, k int, ids []u
 	var a recallArgs
 	if len(opts) > 0 {
 		a = applyRecall(opts)
+		if a.err != nil {
+			return 0, a.err
+		}
 	}
 	tmo, hasDL, err := deadline(ctx)
 	if err != nil {
@@ -245,6 +248,9 @@ func (c *Client) RecallBatchInto(ctx context.Context, queries []float32, k int, 
 	var a recallArgs
 	if len(opts) > 0 {
 		a = applyRecall(opts)
+		if a.err != nil {
+			return a.err
+		}
 	}
 	tmo, hasDL, err := deadline(ctx)
 	if err != nil {
@@ -279,6 +285,9 @@ func (c *Client) RecallWithPayloads(ctx context.Context, query []float32, k int,
 	var a recallArgs
 	if len(opts) > 0 {
 		a = applyRecall(opts)
+		if a.err != nil {
+			return nil, a.err
+		}
 	}
 	ids := make([]uint64, k)
 	scores := make([]float32, k)
@@ -339,6 +348,9 @@ func (c *Client) Upsert(ctx context.Context, ids []uint64, vectors []float32, op
 	var a upsertArgs
 	if len(opts) > 0 {
 		a = applyUpsert(opts)
+		if a.err != nil {
+			return a.err
+		}
 	}
 	tmo, hasDL, err := deadline(ctx)
 	if err != nil {
@@ -446,6 +458,60 @@ func (c *Client) Get(ctx context.Context, ids ...uint64) ([]Memory, error) {
 				out[i].Payload = buf[off : off+int(l) : off+int(l)]
 				off += int(l)
 			}
+		}
+		return out, nil
+	}
+}
+
+// DeleteWhere deletes every memory that matches filter and, when namespaces are given, lies
+// in one of them (at most MaxFilterNamespaces). The server evaluates the filter, so every
+// process deleting with the same filter deletes the same memories. It returns how many.
+func (c *Client) DeleteWhere(ctx context.Context, filter *Filter, namespaces ...uint64) (int, error) {
+	b, err := filter.Encode()
+	if err != nil {
+		return 0, err
+	}
+	if _, _, err := deadline(ctx); err != nil {
+		return 0, err
+	}
+	h, err := c.acquire("delete_where")
+	if err != nil {
+		return 0, err
+	}
+	n, st, msg := cDeleteWhere(h, namespaces, b)
+	c.mu.RUnlock()
+	if st != StatusOK {
+		return 0, callError("delete_where", st, msg, false)
+	}
+	return int(n), nil
+}
+
+// GetFields fetches the metadata fields of memories by id, one Fields per id (empty for a
+// memory without fields). Timestamps come back as UTC time.Time, int64 fields as int64,
+// tags sorted. An unknown id fails the whole call with an error matching ErrNotFound.
+func (c *Client) GetFields(ctx context.Context, ids ...uint64) ([]Fields, error) {
+	lens := make([]uint32, len(ids))
+	buf := make([]byte, 64*len(ids))
+	for attempt := 0; ; attempt++ {
+		if _, _, err := deadline(ctx); err != nil {
+			return nil, err
+		}
+		h, err := c.acquire("get_fields")
+		if err != nil {
+			return nil, err
+		}
+		needed, st, msg := cGetFields(h, ids, buf, lens)
+		c.mu.RUnlock()
+		if st == StatusBufferTooSmall && needed > len(buf) && attempt < 3 {
+			buf = make([]byte, needed)
+			continue
+		}
+		if st != StatusOK {
+			return nil, callError("get_fields", st, msg, false)
+		}
+		out, err := decodeFields(buf, lens)
+		if err != nil {
+			return nil, newError("get_fields", StatusInternal, err.Error())
 		}
 		return out, nil
 	}

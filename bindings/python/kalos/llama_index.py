@@ -1,37 +1,16 @@
-"""LlamaIndex vector store backed by Kalos (``pip install "kalos[llama-index]"``).
-
-    from kalos.llama_index import KalosVectorStore
-    from llama_index.core import StorageContext, VectorStoreIndex
-    store = KalosVectorStore(name="docs", dim=384, namespace_key="user")
-    index = VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=store))
-
-Storage layout: each node is one Kalos memory; its id is the node id mapped to a ``u64`` by
-:func:`kalos._ids.str_to_u64`; its payload is the JSON of
-``llama_index.core.vector_stores.utils.node_to_metadata_dict`` (text, metadata, relationships),
-so queries return full nodes; its namespace is ``node.metadata[namespace_key]`` through
-:func:`kalos._ids.namespace_of` (``default_namespace`` when absent).
-
-Filters: ``MetadataFilters`` with ``EQ`` or ``IN`` on ``namespace_key`` only (joined by OR
-into one namespace set, ≤ 64 values); they run inside the Kalos scan, so results are exact.
-Other keys or operators raise ``NotImplementedError``.
-
-``delete(ref_doc_id)``: Kalos has no metadata index, so the ref-doc → node-ids map is kept by
-this object for the nodes it added (in this process). Nodes added by another process can be
-deleted with :meth:`KalosVectorStore.delete_nodes` by node id, or by namespace filter.
-"""
-
 from __future__ import annotations
 
 import json
-import threading
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.schema import BaseNode
 from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
+    FilterCondition,
     FilterOperator,
+    MetadataFilter,
     MetadataFilters,
     VectorStoreQuery,
     VectorStoreQueryResult,
@@ -39,9 +18,93 @@ from llama_index.core.vector_stores.types import (
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 import kalos
+from kalos import filters as F
+from kalos._adapter import typed_fields, upsert_lenient
 from kalos._ids import namespace_of, str_to_u64
 
-__all__ = ["KalosVectorStore"]
+__all__ = ["KalosVectorStore", "LIST_LIMIT"]
+
+#: Most nodes ``get_nodes(filters=...)`` without ids returns (the listing excludes the nodes it
+#: has seen with a ``nin`` filter, which the 64 KiB expression limit bounds).
+LIST_LIMIT = 1024
+NODE_ID = "_node_id"
+REF_DOC_ID = "_ref_doc_id"
+
+Pred = Callable[[dict], bool]
+
+_CMP = {FilterOperator.EQ: F.eq, FilterOperator.NE: F.ne, FilterOperator.GT: F.gt, FilterOperator.GTE: F.gte,
+        FilterOperator.LT: F.lt, FilterOperator.LTE: F.lte, FilterOperator.CONTAINS: F.contains}
+_TEXT = (FilterOperator.TEXT_MATCH, FilterOperator.TEXT_MATCH_INSENSITIVE)
+
+
+def _values(f: MetadataFilter) -> List[Any]:
+    if not isinstance(f.value, (list, tuple)):
+        raise ValueError(f"{f.operator.name} on {f.key!r} takes a list of values, got {f.value!r}")
+    return list(f.value)
+
+
+def _leaf(f: MetadataFilter) -> Tuple[Optional[F.Expr], bool]:
+    """(expression, exact) of one filter; inexact: the expression is a superset."""
+    op = f.operator
+    if op in _CMP:
+        return _CMP[op](f.key, f.value), True
+    if op in (FilterOperator.IN, FilterOperator.ANY):
+        return F.in_(f.key, _values(f)), True
+    if op == FilterOperator.NIN:
+        return F.nin(f.key, _values(f)), True
+    if op == FilterOperator.ALL:
+        vals = _values(f)
+        return (F.and_(*[F.contains(f.key, v) for v in vals]) if vals else F.nin(f.key, [])), True
+    if op == FilterOperator.IS_EMPTY:
+        return F.or_(~F.exists(f.key), F.eq(f.key, "")), True
+    if op in _TEXT:
+        if not isinstance(f.value, str):
+            raise ValueError(f"{op.name} on {f.key!r} takes a string, got {f.value!r}")
+        return F.exists(f.key), False
+    raise ValueError(f"unknown filter operator {op!r}")
+
+
+def _translate(fs: MetadataFilters) -> Tuple[Optional[F.Expr], bool]:
+    """(expression, exact) of a filter tree. An inexact expression is a superset of the tree's
+    matches (None: every node) and :func:`_predicate` decides."""
+    parts = [_translate(x) if isinstance(x, MetadataFilters) else _leaf(x) for x in fs.filters]
+    if not parts:
+        return None, True
+    exact = all(e for _, e in parts)
+    exprs = [x for x, _ in parts]
+    cond = fs.condition or FilterCondition.AND
+    if cond == FilterCondition.AND:
+        known = [x for x in exprs if x is not None]
+        return (F.and_(*known) if known else None), exact
+    if cond == FilterCondition.OR:
+        return (None if any(x is None for x in exprs) else F.or_(*exprs)), exact
+    if cond == FilterCondition.NOT:
+        if not exact:
+            return None, False
+        return ~F.or_(*exprs), True
+    raise ValueError(f"unknown filter condition {cond!r}")
+
+
+def _predicate(fs: MetadataFilters) -> Pred:
+    """The whole tree as a test of node metadata: Kalos semantics (:func:`kalos.filters.matches`
+    on the typed fields) for the operators the scan runs, substring for TEXT_MATCH."""
+    subs: List[Pred] = []
+    for f in fs.filters:
+        if isinstance(f, MetadataFilters):
+            subs.append(_predicate(f))
+        elif f.operator in _TEXT:
+            needle, key, fold = str(f.value), f.key, f.operator == FilterOperator.TEXT_MATCH_INSENSITIVE
+            subs.append(lambda md, n=needle, k=key, c=fold: isinstance(md.get(k), str)
+                        and ((n.lower() in md[k].lower()) if c else (n in md[k])))
+        else:
+            e = _leaf(f)[0]
+            subs.append(lambda md, e=e: F.matches(e, typed_fields(md)))
+    cond = fs.condition or FilterCondition.AND
+    if cond == FilterCondition.OR:
+        return lambda md: any(p(md) for p in subs)
+    if cond == FilterCondition.NOT:
+        return lambda md: not any(p(md) for p in subs)
+    return lambda md: all(p(md) for p in subs)
 
 
 class KalosVectorStore(BasePydanticVectorStore):
@@ -63,8 +126,6 @@ class KalosVectorStore(BasePydanticVectorStore):
 
     _client: kalos.Kalos = PrivateAttr()
     _owns: bool = PrivateAttr(default=False)
-    _ref_docs: Dict[str, Set[str]] = PrivateAttr(default_factory=dict)
-    _lock: Any = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(
         self,
@@ -102,38 +163,40 @@ class KalosVectorStore(BasePydanticVectorStore):
             return namespace_of(md[self.namespace_key])
         return self.default_namespace
 
-    def _filter_namespaces(self, filters: Optional[MetadataFilters]) -> Optional[List[int]]:
-        """Namespace set of a filter tree (None = no filter; [] = matches nothing)."""
-        if filters is None or not filters.filters:
-            return None
-        sets: List[Set[int]] = []
-        for f in filters.filters:
-            if isinstance(f, MetadataFilters):
-                sub = self._filter_namespaces(f)
-                if sub is None:
+    @staticmethod
+    def _scope(filters: Optional[MetadataFilters], node_ids: Optional[Sequence[str]] = None,
+               doc_ids: Optional[Sequence[str]] = None) -> Tuple[Optional[F.Expr], Optional[Pred]]:
+        """(expression for the scan, test the candidates still need or None)."""
+        parts: List[F.Expr] = []
+        pred: Optional[Pred] = None
+        if filters is not None and filters.filters:
+            expr, exact = _translate(filters)
+            if expr is not None:
+                parts.append(expr)
+            if not exact:
+                pred = _predicate(filters)
+        if node_ids is not None:
+            parts.append(F.in_(NODE_ID, list(node_ids)))
+        if doc_ids is not None:
+            parts.append(F.in_(REF_DOC_ID, list(doc_ids)))
+        return (F.and_(*parts) if parts else None), pred
+
+    def _search(self, q: np.ndarray, k: int, expr: Optional[F.Expr], pred: Optional[Pred]) -> List[Tuple[BaseNode, float]]:
+        """Top-k nodes of the scan under ``expr``; with ``pred``, in growing rounds until k
+        candidates pass it or the candidates run out (at most MAX_K)."""
+        fetch = k if pred is None else min(4 * k, kalos.MAX_K)
+        while True:
+            ids, scores, payloads = self._client.recall(q, fetch, filter=expr, payloads=True)
+            out: List[Tuple[BaseNode, float]] = []
+            for s, p in zip(scores.tolist(), payloads):
+                if p is None:
                     continue
-                sets.append(set(sub))
-                continue
-            if f.key != self.namespace_key:
-                raise NotImplementedError(
-                    f"Kalos filters only on the namespace key {self.namespace_key!r}, not {f.key!r}"
-                )
-            if f.operator == FilterOperator.EQ:
-                sets.append({namespace_of(f.value)})
-            elif f.operator == FilterOperator.IN:
-                sets.append({namespace_of(v) for v in f.value})  # type: ignore[union-attr]
-            else:
-                raise NotImplementedError(f"Kalos supports EQ and IN filters, not {f.operator}")
-        if not sets:
-            return None
-        cond = str(getattr(filters.condition, "value", filters.condition) or "and").lower()
-        if cond == "or":
-            out = set().union(*sets)
-        elif cond == "and":
-            out = set.intersection(*sets)
-        else:
-            raise NotImplementedError(f"unsupported filter condition {cond!r}")
-        return sorted(out)
+                node = metadata_dict_to_node(json.loads(p))
+                if pred is None or pred(node.metadata or {}):
+                    out.append((node, float(s)))
+            if pred is None or len(out) >= k or len(ids) < fetch or fetch >= kalos.MAX_K:
+                return out[:k]
+            fetch = min(4 * fetch, kalos.MAX_K)
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -148,36 +211,28 @@ class KalosVectorStore(BasePydanticVectorStore):
             ).encode("utf-8")
             for n in nodes
         ]
-        self._client.upsert(
+        fields = []
+        for n in nodes:
+            f = typed_fields(n.metadata)
+            f[NODE_ID] = n.node_id
+            if n.ref_doc_id:
+                f[REF_DOC_ID] = n.ref_doc_id
+            fields.append(f)
+        upsert_lenient(
+            self._client,
             [str_to_u64(n.node_id) for n in nodes],
             vecs,
+            fields,
             namespaces=[self._namespace(n) for n in nodes],
             payloads=payloads,
             ttl=add_kwargs.get("ttl"),
         )
-        with self._lock:
-            for n in nodes:
-                if n.ref_doc_id:
-                    self._ref_docs.setdefault(n.ref_doc_id, set()).add(n.node_id)
         return [n.node_id for n in nodes]
 
-    def _delete_keys(self, keys: List[int]) -> None:
-        if not keys:
-            return
-        try:
-            self._client.delete(keys)
-        except kalos.NotFoundError:
-            for k in keys:
-                try:
-                    self._client.delete([k])
-                except kalos.NotFoundError:
-                    pass
-
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
-        """Deletes the nodes of a ref doc that this store added (see the module docstring)."""
-        with self._lock:
-            node_ids = self._ref_docs.pop(ref_doc_id, set())
-        self._delete_keys([str_to_u64(i) for i in node_ids])
+        """Deletes every node of ``ref_doc_id``, whichever process added it (the server
+        evaluates the ``_ref_doc_id`` field)."""
+        self._client.delete_where(F.eq(REF_DOC_ID, ref_doc_id))
 
     def delete_nodes(
         self,
@@ -185,63 +240,74 @@ class KalosVectorStore(BasePydanticVectorStore):
         filters: Optional[MetadataFilters] = None,
         **delete_kwargs: Any,
     ) -> None:
-        """Deletes nodes by id (unknown ids are ignored), or every node of the namespaces in
-        ``filters`` when no ids are given."""
-        if node_ids is not None:
-            self._delete_keys([str_to_u64(i) for i in node_ids])
+        """Deletes the nodes among ``node_ids`` (unknown ids are ignored) that match ``filters``
+        (either may be None, not both). Filters with TEXT_MATCH delete the matches among at most
+        MAX_K candidates per call."""
+        if node_ids is None and (filters is None or not filters.filters):
+            raise ValueError("delete_nodes needs node_ids or filters (use clear() to delete all)")
+        expr, pred = self._scope(filters, node_ids)
+        if pred is None:
+            if expr is not None:
+                self._client.delete_where(expr)
             return
-        ns = self._filter_namespaces(filters)
-        if ns is None:
-            raise ValueError("delete_nodes needs node_ids or a namespace filter (use clear() to delete all)")
-        for n in set(ns):
-            self._client.delete_namespace(n)
+        ids = [n.node_id for n in self._list(expr, pred)]
+        if ids:
+            self._client.delete_where(F.in_(NODE_ID, ids))
 
     def clear(self) -> None:
         """Deletes every node of the store."""
         self._client.clear()
-        with self._lock:
-            self._ref_docs.clear()
 
     # -- reads ----------------------------------------------------------------------------------
+
+    def _list(self, expr: Optional[F.Expr], pred: Optional[Pred]) -> List[BaseNode]:
+        """Every node under ``expr`` (and ``pred``), found by recalls that exclude the nodes
+        already seen. More than LIST_LIMIT candidates raise ValueError."""
+        q = np.ones(self._client.dim, np.float32)
+        seen: List[str] = []
+        out: List[BaseNode] = []
+        while True:
+            cur = expr if not seen else (F.and_(expr, F.nin(NODE_ID, seen)) if expr is not None else F.nin(NODE_ID, seen))
+            room = LIST_LIMIT + 1 - len(seen)
+            ids, _, payloads = self._client.recall(q, min(room, kalos.MAX_K), filter=cur, payloads=True)
+            for p in payloads:
+                if p is None:
+                    continue
+                node = metadata_dict_to_node(json.loads(p))
+                seen.append(node.node_id)
+                if pred is None or pred(node.metadata or {}):
+                    out.append(node)
+            if len(seen) > LIST_LIMIT:
+                raise ValueError(f"more than {LIST_LIMIT} nodes match; narrow the filters or pass node_ids")
+            if len(ids) < min(room, kalos.MAX_K):
+                return out
 
     def get_nodes(
         self, node_ids: Optional[List[str]] = None, filters: Optional[MetadataFilters] = None
     ) -> List[BaseNode]:
-        """Nodes by id (missing ids skipped). Filters are not supported without ids."""
+        """Nodes by id (missing ids skipped, in the order asked) and/or by filters. Without ids
+        at most LIST_LIMIT nodes (ValueError beyond)."""
+        if node_ids is None and (filters is None or not filters.filters):
+            raise ValueError("get_nodes needs node_ids or filters")
         if node_ids is None:
-            raise NotImplementedError("Kalos cannot list nodes without ids")
-        out: List[BaseNode] = []
-        for nid in node_ids:
-            try:
-                p = self._client.get([str_to_u64(nid)], vectors=False, namespaces=False).payloads[0]  # type: ignore[index]
-            except kalos.NotFoundError:
-                continue
-            if p is not None:
-                node = metadata_dict_to_node(json.loads(p))
-                if node.node_id == nid:
-                    out.append(node)
-        return out
+            return self._list(*self._scope(filters))
+        found = {}
+        for i in range(0, len(node_ids), 256):  # 256 ids and their nin stay inside 64 KiB
+            chunk = list(node_ids[i:i + 256])
+            for n in self._list(*self._scope(filters, chunk)):
+                found[n.node_id] = n
+        return [found[i] for i in node_ids if i in found]
 
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
-        """Top ``similarity_top_k`` nodes for ``query.query_embedding``, exact within the
-        namespace filter."""
+        """Top ``similarity_top_k`` nodes for ``query.query_embedding`` under ``filters``,
+        ``node_ids`` and ``doc_ids``, exact (see the module docs for TEXT_MATCH)."""
         if query.query_embedding is None:
             raise ValueError("KalosVectorStore needs query.query_embedding")
         k = max(1, min(int(query.similarity_top_k or 1), kalos.MAX_K))
-        ns = self._filter_namespaces(query.filters)
-        if ns == []:
-            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
-        ids, scores, payloads = self._client.recall(
-            np.asarray(query.query_embedding, dtype=np.float32), k, namespaces=ns, payloads=True
+        # An empty node_ids/doc_ids list means no restriction, as in the other LlamaIndex stores
+        # (VectorStoreIndex.as_retriever passes [] for stores that keep the text).
+        expr, pred = self._scope(query.filters, query.node_ids or None, query.doc_ids or None)
+        hits = self._search(np.asarray(query.query_embedding, dtype=np.float32), k, expr, pred)
+        return VectorStoreQueryResult(
+            nodes=[n for n, _ in hits], similarities=[s for _, s in hits], ids=[n.node_id for n, _ in hits]
         )
-        nodes: List[BaseNode] = []
-        sims: List[float] = []
-        out_ids: List[str] = []
-        for s, p in zip(scores.tolist(), payloads):
-            if p is None:
-                continue
-            node = metadata_dict_to_node(json.loads(p))
-            nodes.append(node)
-            sims.append(float(s))
-            out_ids.append(node.node_id)
-        return VectorStoreQueryResult(nodes=nodes, similarities=sims, ids=out_ids)

@@ -158,6 +158,6 @@ def test_kalosd_options_are_strict():
     version = re.search(r'^version = "([^"]+)"', (REPO / "Cargo.toml").read_text(), re.M).group(1)
     r = subprocess.run([k, "--version"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.strip() == f"kalosd {version}", r.stdout
-    for cmd in ("serve", "stats", "import", "export", "repair", "doctor"):
+    for cmd in ("serve", "stats", "import", "export", "repair", "doctor", "query"):
         r = subprocess.run([k, cmd, "--help"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and "Usage: kalosd " + cmd in r.stdout, (cmd, r.stdout, r.stderr)

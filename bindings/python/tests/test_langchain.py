@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("langchain_core")
 
 from langchain_core.documents import Document  # noqa: E402
-from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
+from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings  # noqa: E402
 
 import kalos  # noqa: E402
 from kalos._ids import namespace_of, str_to_u64  # noqa: E402
@@ -163,6 +163,32 @@ def test_from_texts_without_a_name_and_cosine_relevance():
         a, b = np.asarray(e.embed_query("red")), np.asarray(e.embed_query("green"))
         cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
         assert rel[1][1] == pytest.approx(max(0.0, cos), abs=1e-5)
+    finally:
+        s.close()
+
+
+class _Unit2D(Embeddings):
+    """Unit vectors at known angles, so every relevance is known."""
+
+    V = {"red": [1.0, 0.0], "green": [0.6, 0.8], "blue": [-0.8, 0.6]}
+
+    def embed_documents(self, texts):
+        return [self.V[t] for t in texts]
+
+    def embed_query(self, text):
+        return self.V.get(text, [0.0, 1.0])  # the store probes the dimension with its own text
+
+
+@pytest.mark.parametrize("metric,want", [
+    ("cosine", {"red": 1.0, "green": 0.6, "blue": 0.0}),    # cos (clamped at 0)
+    ("ip", {"red": 1.0, "green": 0.6, "blue": 0.2}),        # _max_inner_product_relevance_score_fn(-ip)
+    ("l2", {"red": 1.0, "green": 1 - 0.8 ** 0.5 / 2 ** 0.5, "blue": 0.0}),  # 1 - d/sqrt(2) (clamped)
+])
+def test_relevance_follows_langchain_per_metric(metric, want):
+    s = KalosVectorStore.from_texts(list(want), _Unit2D(), role="server", metric=metric)
+    try:
+        got = {d.page_content: r for d, r in s.similarity_search_with_relevance_scores("red", k=3)}
+        assert got == pytest.approx(want, abs=1e-5)
     finally:
         s.close()
 

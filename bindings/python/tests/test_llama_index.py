@@ -67,10 +67,7 @@ def test_add_query_filters(store):
     assert len(store.query(q(2, k=8, filters=either)).ids) == 8
     both = MetadataFilters(filters=[MetadataFilter(key="user", value="alice"), MetadataFilter(key="user", value="bob")])
     assert store.query(q(2, k=8, filters=both)).ids == []  # AND of two namespaces: nothing
-    with pytest.raises(NotImplementedError):
-        store.query(q(2, filters=MetadataFilters(filters=[MetadataFilter(key="i", value=1)])))
-    with pytest.raises(NotImplementedError):
-        store.query(q(2, filters=MetadataFilters(filters=[MetadataFilter(key="user", value="a", operator=FilterOperator.NE)])))
+    assert store.query(q(2, filters=MetadataFilters(filters=[MetadataFilter(key="i", value=1)]))).ids == ["node-1"]
     with pytest.raises(ValueError):
         store.query(VectorStoreQuery(query_embedding=None, similarity_top_k=1))
     assert [n.node_id for n in store.get_nodes(["node-5", "nope", "node-1"])] == ["node-5", "node-1"]
@@ -91,6 +88,114 @@ def test_delete_delete_nodes_clear(store):
     store.clear()
     assert store.query(q(0, k=10)).ids == []
     assert len(store.client) == 0
+
+
+def mf(*fs, condition=FilterCondition.AND):
+    return MetadataFilters(filters=list(fs), condition=condition)
+
+
+def f(key, op, value=None):
+    return MetadataFilter(key=key, operator=getattr(FilterOperator, op), value=value)
+
+
+def doc_node(i):
+    """Node i of a small corpus with every kind of metadata value."""
+    md = {"user": ["ann", "bob", "cy"][i % 3], "n": i, "score": i / 4, "tags": ["t%d" % (i % 4), "all"],
+          "title": f"Report number {i}" if i % 2 else f"memo {i}"}
+    if i % 5:
+        md["kind"] = "fact" if i % 5 < 3 else ""
+    v = np.random.default_rng(i).standard_normal(D).astype(np.float32)
+    n = TextNode(id_=f"n{i}", text=f"text {i}", embedding=v.tolist(), metadata=md)
+    n.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=f"doc-{i % 4}")
+    return n
+
+
+# Each case: (filters, the same test on the metadata written in Python).
+CASES = {
+    "EQ": (mf(f("user", "EQ", "ann")), lambda m: m["user"] == "ann"),
+    "NE": (mf(f("user", "NE", "ann")), lambda m: m["user"] != "ann"),
+    "GT": (mf(f("n", "GT", 30)), lambda m: m["n"] > 30),
+    "GTE": (mf(f("score", "GTE", 5.5)), lambda m: m["score"] >= 5.5),
+    "LT": (mf(f("n", "LT", 7)), lambda m: m["n"] < 7),
+    "LTE": (mf(f("score", "LTE", 1.0)), lambda m: m["score"] <= 1.0),
+    "IN": (mf(f("n", "IN", [1, 5, 40])), lambda m: m["n"] in (1, 5, 40)),
+    "NIN": (mf(f("user", "NIN", ["ann", "bob"])), lambda m: m["user"] not in ("ann", "bob")),
+    "ANY": (mf(f("tags", "ANY", ["t1", "t2"])), lambda m: bool({"t1", "t2"} & set(m["tags"]))),
+    "ALL": (mf(f("tags", "ALL", ["t3", "all"])), lambda m: {"t3", "all"} <= set(m["tags"])),
+    "CONTAINS": (mf(f("tags", "CONTAINS", "t0")), lambda m: "t0" in m["tags"]),
+    "TEXT_MATCH": (mf(f("title", "TEXT_MATCH", "Report")), lambda m: "Report" in m["title"]),
+    "TEXT_MATCH_INSENSITIVE": (mf(f("title", "TEXT_MATCH_INSENSITIVE", "report number 1")),
+                               lambda m: "report number 1" in m["title"].lower()),
+    "IS_EMPTY": (mf(f("kind", "IS_EMPTY")), lambda m: not m.get("kind")),
+    "OR": (mf(f("n", "LT", 3), f("user", "EQ", "cy"), condition=FilterCondition.OR),
+           lambda m: m["n"] < 3 or m["user"] == "cy"),
+    "NOT": (mf(f("user", "EQ", "ann"), f("n", "GT", 40), condition=FilterCondition.NOT),
+            lambda m: not (m["user"] == "ann" or m["n"] > 40)),
+    "nested": (mf(mf(f("user", "EQ", "bob"), f("tags", "CONTAINS", "t2"), condition=FilterCondition.OR),
+                  mf(f("kind", "IS_EMPTY"), condition=FilterCondition.NOT)),
+               lambda m: (m["user"] == "bob" or "t2" in m["tags"]) and bool(m.get("kind"))),
+    "nested_text": (mf(mf(f("title", "TEXT_MATCH", "memo"), f("n", "GTE", 45), condition=FilterCondition.OR),
+                       mf(f("title", "TEXT_MATCH", "1"), condition=FilterCondition.NOT)),
+                    lambda m: ("memo" in m["title"] or m["n"] >= 45) and "1" not in m["title"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_operator_is_exact(name):
+    filters, ref = CASES[name]
+    nodes = [doc_node(i) for i in range(48)]
+    with kalos.open(unique_name("li-op"), dim=D, role="server", metric="ip") as kv:
+        store = KalosVectorStore(kalos_client=kv)
+        store.add(nodes)
+        qv = np.random.default_rng(99).standard_normal(D).astype(np.float32)
+        want = [n for n in nodes if ref(n.metadata)]
+        assert want, name
+        want.sort(key=lambda n: -float(np.dot(qv, np.asarray(n.embedding, np.float32))))
+        for k in (1, 5, 48):
+            r = store.query(VectorStoreQuery(query_embedding=qv.tolist(), similarity_top_k=k, filters=filters))
+            assert r.ids == [n.node_id for n in want[:k]], (name, k)
+        got = store.get_nodes(filters=filters)
+        assert sorted(n.node_id for n in got) == sorted(n.node_id for n in want)
+        assert [n.node_id for n in store.get_nodes(["n3", "n1", "nope", "n2"], filters=filters)] == [
+            i for i in ("n3", "n1", "n2") if ref(nodes[int(i[1:])].metadata)]
+        store.delete_nodes(filters=filters)
+        assert sorted(n.node_id for n in store.get_nodes([n.node_id for n in nodes])) == sorted(
+            n.node_id for n in nodes if not ref(n.metadata))
+
+
+def test_node_ids_doc_ids_and_delete_ref_doc_from_another_process():
+    import subprocess
+    import sys
+
+    name = unique_name("li-ref")
+    nodes = [doc_node(i) for i in range(12)]
+    with kalos.open(name, dim=D, role="server", metric="ip") as kv:
+        store = KalosVectorStore(kalos_client=kv)
+        store.add(nodes)
+        qv = [1.0] * D
+        r = store.query(VectorStoreQuery(query_embedding=qv, similarity_top_k=10, node_ids=["n1", "n4", "n7"]))
+        assert sorted(r.ids) == ["n1", "n4", "n7"]
+        r = store.query(VectorStoreQuery(query_embedding=qv, similarity_top_k=10, doc_ids=["doc-1"]))
+        assert sorted(r.ids) == ["n1", "n5", "n9"]
+        r = store.query(VectorStoreQuery(query_embedding=qv, similarity_top_k=10, doc_ids=["doc-1"], node_ids=["n5", "n4"],
+                                         filters=mf(f("n", "GT", 1))))
+        assert r.ids == ["n5"]
+        assert len(store.query(VectorStoreQuery(query_embedding=qv, similarity_top_k=3, node_ids=[])).ids) == 3
+        # Another process, its own store object: delete(ref_doc_id) deletes on the server.
+        code = (
+            "import sys; from kalos.llama_index import KalosVectorStore as S; "
+            "s = S(sys.argv[1], role='client'); s.delete('doc-2'); s.close()"
+        )
+        subprocess.run([sys.executable, "-c", code, name], check=True, timeout=60)
+        left = store.get_nodes([n.node_id for n in nodes])
+        assert sorted(n.node_id for n in left) == sorted(f"n{i}" for i in range(12) if i % 4 != 2)
+        store.delete_nodes(["n1", "n3", "nope"], filters=mf(f("user", "EQ", "bob")))
+        assert "n1" not in {n.node_id for n in store.get_nodes([n.node_id for n in nodes])}
+        assert "n3" in {n.node_id for n in store.get_nodes(["n3"])}  # n3 is cy's: not deleted
+        with pytest.raises(ValueError):
+            store.get_nodes()
+        store.clear()
+        assert store.get_nodes(filters=mf(f("n", "GTE", 0))) == []
 
 
 def test_vector_store_index_end_to_end():

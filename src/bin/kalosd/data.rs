@@ -30,7 +30,7 @@ pub struct ImportArgs {
     /// uint64 .npy of shape (n,) (default: the payloads file's, else 0)
     #[arg(long, value_name = "N.npy")]
     namespaces: Option<PathBuf>,
-    /// JSON lines: {"id", "namespace", "payload" or "payload_b64", "created_ms", "expires_ms"}
+    /// JSON lines: {"id", "namespace", "payload" or "payload_b64", "created_ms", "expires_ms", "fields"}
     #[arg(long, value_name = "P.jsonl")]
     payloads: Option<PathBuf>,
     /// Offline: the metric of a new directory: ip, cosine or l2 (default: the directory's, else cosine)
@@ -58,7 +58,7 @@ pub struct ExportArgs {
     /// Output: namespaces .npy of shape (n,)
     #[arg(long, value_name = "N.npy")]
     namespaces: Option<PathBuf>,
-    /// Output: one JSON line per memory (payloads, times)
+    /// Output: one JSON line per memory (payloads, times, metadata fields)
     #[arg(long, value_name = "P.jsonl")]
     payloads: Option<PathBuf>,
     /// Vector type of the output: f32 or f16
@@ -80,6 +80,7 @@ struct JsonRow {
     payload: Option<Vec<u8>>,
     created_ms: Option<u64>,
     expires_ms: Option<u64>,
+    fields: Vec<kalos::meta::Field>,
 }
 
 fn read_payloads(path: &Path, ids: &[u64]) -> Result<std::collections::HashMap<u64, JsonRow>> {
@@ -109,7 +110,8 @@ fn read_payloads(path: &Path, ids: &[u64]) -> Result<std::collections::HashMap<u
             let null = v.get() == "null";
             match k.as_str() {
                 "id" => id = Some(uint("id", v)?),
-                "expires_ms" | "payload" | "payload_b64" if null => {}
+                "expires_ms" | "payload" | "payload_b64" | "fields" if null => {}
+                "fields" => row.fields = super::json::fields(&value(v)?).map_err(|e| bad(format!("fields: {e}")))?,
                 "namespace" => row.namespace = Some(uint(k, v)?),
                 "created_ms" => row.created_ms = Some(uint(k, v)?),
                 "expires_ms" => row.expires_ms = Some(uint(k, v)?),
@@ -201,7 +203,14 @@ pub(super) fn import(a: &ImportArgs) {
                 let svec: Vec<f32> = sel.iter().flat_map(|&i| vals[i * dim..(i + 1) * dim].iter().copied()).collect();
                 let sns: Vec<u64> = sel.iter().map(|&i| ns_of(i)).collect();
                 let pl: Vec<Option<&[u8]>> = sel.iter().map(|&i| row(i).payload.as_deref()).collect();
-                let o = UpsertOptions { namespaces: Namespaces::PerItem(&sns), payloads: Some(pl), expires_ms, ..UpsertOptions::default() };
+                let fl: Vec<Vec<kalos::meta::Field>> = sel.iter().map(|&i| row(i).fields.clone()).collect();
+                let o = UpsertOptions {
+                    namespaces: Namespaces::PerItem(&sns),
+                    payloads: Some(pl),
+                    fields: Some(&fl),
+                    expires_ms,
+                    ..UpsertOptions::default()
+                };
                 k.upsert(&sids, &svec, &o)
             };
             for c in plain.chunks(chunk) {
@@ -232,7 +241,7 @@ pub(super) fn import(a: &ImportArgs) {
             let items: Vec<store::UpsertItem> = c
                 .iter()
                 .map(|&i| store::UpsertItem {
-                    fields: &[],
+                    fields: &row(i).fields,
                     id: ids[i],
                     namespace: ns_of(i),
                     vector: &vals[i * dim..(i + 1) * dim],
@@ -307,6 +316,10 @@ pub(super) fn export(a: &ExportArgs) {
                         Err(_) => line.insert("payload_b64".into(), base64::engine::general_purpose::STANDARD.encode(b).into()),
                     },
                 };
+                let fields = store.fields().row(r);
+                if !fields.is_empty() {
+                    line.insert("fields".into(), super::json::fields_to_json(&fields));
+                }
                 writeln!(w, "{}", Value::Object(line)).map_err(|e| Error::io(&format!("write {pp}"), e))?;
             }
             w.flush().map_err(|e| Error::io(&format!("write {pp}"), e))?;

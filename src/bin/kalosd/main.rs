@@ -10,7 +10,9 @@ use kalos::*;
 
 mod data;
 mod doctor;
+mod json;
 mod metrics;
+mod query;
 
 /// kalosd: serve a Kalos memory store over POSIX shared memory.
 ///
@@ -52,6 +54,12 @@ enum Cmd {
     /// Keeps the intact prefix, moves the original files to DIR/repair-<unix ms>/ and prints
     /// what it found.
     Repair(data::RepairArgs),
+    /// Send JSON-lines requests to a running store: recall, upsert, delete, get (with filters)
+    ///
+    /// Reads one request object per line from stdin and writes one response object per line to
+    /// stdout, e.g. {"op": "recall", "query": [..], "k": 5, "filter": {"user": "ann"}} or
+    /// {"op": "delete", "filter": {"n": {"$lt": 3}}}. Exits 1 when any request failed.
+    Query(query::QueryArgs),
     /// Show what this machine offers: driver, CUDA version, NVRTC, GPUs, /dev/shm space
     ///
     /// --compile also compiles every kernel variant the engine can request (sm_80, sm_90 and
@@ -439,6 +447,7 @@ fn main() {
         Cmd::Import(a) => data::import(&a),
         Cmd::Export(a) => data::export(&a),
         Cmd::Repair(a) => data::repair(&a),
+        Cmd::Query(a) => std::process::exit(query::run(&a)),
         Cmd::Doctor(a) => std::process::exit(doctor::run(a.compile, a.arch)),
     }
 }

@@ -9,6 +9,7 @@ import java.nio.LongBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.locks.Lock;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -206,7 +207,7 @@ public final class Kalos implements AutoCloseable {
         }
         long h = acquire();
         try {
-            return Native.recall(h, query, k, options.namespaces, options.recencyWeight, options.recencyHalfLifeMs,
+            return Native.recall(h, query, k, options.namespaces, options.filter, options.recencyWeight, options.recencyHalfLifeMs,
                     options.timeoutMs, ids, scores);
         } finally {
             release();
@@ -242,7 +243,7 @@ public final class Kalos implements AutoCloseable {
         }
         long h = acquire();
         try {
-            return Native.recallDirect(h, query, query.position(), k, options.namespaces, options.recencyWeight,
+            return Native.recallDirect(h, query, query.position(), k, options.namespaces, options.filter, options.recencyWeight,
                     options.recencyHalfLifeMs, options.timeoutMs, ids, ids.position(), scores, scores.position());
         } finally {
             release();
@@ -269,7 +270,7 @@ public final class Kalos implements AutoCloseable {
         byte[] packed;
         long h = acquire();
         try {
-            packed = Native.recallPayloads(h, query, k, options.namespaces, options.recencyWeight,
+            packed = Native.recallPayloads(h, query, k, options.namespaces, options.filter, options.recencyWeight,
                     options.recencyHalfLifeMs, options.timeoutMs, ids, scores, lens);
         } finally {
             release();
@@ -316,7 +317,7 @@ public final class Kalos implements AutoCloseable {
         int[] counts = new int[nn];
         long h = acquire();
         try {
-            Native.recallBatch(h, queries, nq, k, options.namespaces, options.recencyWeight, options.recencyHalfLifeMs,
+            Native.recallBatch(h, queries, nq, k, options.namespaces, options.filter, options.recencyWeight, options.recencyHalfLifeMs,
                     options.timeoutMs, ids, scores, counts);
         } finally {
             release();
@@ -391,7 +392,7 @@ public final class Kalos implements AutoCloseable {
         long h = acquire();
         try {
             Native.upsert(h, ids, vectors, options.namespace, options.namespaces, packed, lens, options.ttlMs,
-                    options.expiresAtMs, options.timeoutMs);
+                    options.expiresAtMs, options.timeoutMs, options.fields);
         } finally {
             release();
         }
@@ -406,6 +407,22 @@ public final class Kalos implements AutoCloseable {
         long h = acquire();
         try {
             return Native.delete(h, ids, 0);
+        } finally {
+            release();
+        }
+    }
+
+    /**
+     * Deletes every memory that matches {@code filter} and, when {@code namespaces} are given,
+     * lies in one of them. The server evaluates the filter, so any process deleting with the
+     * same filter deletes the same memories. Returns how many were deleted.
+     */
+    public long deleteWhere(Filter filter, long... namespaces) {
+        Objects.requireNonNull(filter, "filter");
+        byte[] f = filter.encode();
+        long h = acquire();
+        try {
+            return Native.deleteWhere(h, namespaces == null || namespaces.length == 0 ? null : namespaces, f);
         } finally {
             release();
         }
@@ -459,6 +476,25 @@ public final class Kalos implements AutoCloseable {
                     meta[3 * i + 1], meta[3 * i + 2]));
         }
         return out;
+    }
+
+    /**
+     * The metadata fields of memories by id, one map per id in the order asked (empty for a
+     * memory without fields): int64 as Long, float64 as Double, timestamps as
+     * {@link java.time.Instant}, tags as a sorted {@code List<String>}. An unknown id throws
+     * {@link NotFoundException}.
+     */
+    public List<Map<String, Object>> getFields(long... ids) {
+        Objects.requireNonNull(ids, "ids");
+        int[] lens = new int[ids.length];
+        byte[] packed;
+        long h = acquire();
+        try {
+            packed = Native.getFields(h, ids, lens);
+        } finally {
+            release();
+        }
+        return Filter.decodeFields(packed, lens);
     }
 
     /** The server's statistics. */

@@ -29,22 +29,26 @@ final class Native {
 
     static native boolean isServer(long h);
 
-    static native int recall(long h, float[] query, int k, long[] ns, float w, double halfLife, long timeoutMs,
+    static native int recall(long h, float[] query, int k, long[] ns, byte[] filter, float w, double halfLife, long timeoutMs,
                              long[] ids, float[] scores);
 
-    static native int recallDirect(long h, Buffer query, int qPos, int k, long[] ns, float w, double halfLife,
+    static native int recallDirect(long h, Buffer query, int qPos, int k, long[] ns, byte[] filter, float w, double halfLife,
                                    long timeoutMs, Buffer ids, int idsPos, Buffer scores, int scoresPos);
 
-    static native byte[] recallPayloads(long h, float[] query, int k, long[] ns, float w, double halfLife,
+    static native byte[] recallPayloads(long h, float[] query, int k, long[] ns, byte[] filter, float w, double halfLife,
                                         long timeoutMs, long[] ids, float[] scores, int[] countAndLens);
 
-    static native void recallBatch(long h, float[] queries, int nq, int k, long[] ns, float w, double halfLife,
+    static native void recallBatch(long h, float[] queries, int nq, int k, long[] ns, byte[] filter, float w, double halfLife,
                                    long timeoutMs, long[] ids, float[] scores, int[] counts);
 
     static native void upsert(long h, long[] ids, float[] vectors, long namespace, long[] namespaces, byte[] payloads,
-                              int[] payloadLens, long ttlMs, long expiresAtMs, long timeoutMs);
+                              int[] payloadLens, long ttlMs, long expiresAtMs, long timeoutMs, byte[] fields);
 
     static native long delete(long h, long[] ids, long timeoutMs);
+
+    static native long deleteWhere(long h, long[] ns, byte[] filter);
+
+    static native byte[] getFields(long h, long[] ids, int[] lens);
 
     static native long deleteNamespace(long h, long namespace);
 

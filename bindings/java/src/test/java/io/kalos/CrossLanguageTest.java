@@ -67,6 +67,43 @@ class CrossLanguageTest {
         }
     }
 
+    /**
+     * Java writes fields into a kalosd-served store; kalosd's own client ({@code kalosd query},
+     * Rust, JSON filters) recalls and deletes by filter; Java sees the result.
+     */
+    @Test
+    void kalosdQueryFiltersWhatJavaWrote() throws Exception {
+        String name = uniqueName("xq");
+        try (TestUtil.Kalosd d = new TestUtil.Kalosd(name, List.of("--dim", "2", "--metric", "ip", "--backend", "cpu"));
+             Kalos k = Kalos.connect(name)) {
+            long[] ids = new long[20];
+            float[] vecs = new float[40];
+            List<java.util.Map<String, Object>> fields = new java.util.ArrayList<>();
+            for (int i = 0; i < 20; i++) {
+                ids[i] = 100 + i;
+                vecs[2 * i] = i;
+                vecs[2 * i + 1] = 1;
+                fields.add(java.util.Map.of("user", i % 2 == 0 ? "ann" : "bob", "n", (long) i,
+                        "tags", i % 5 == 0 ? List.of("urgent") : List.of("low")));
+            }
+            k.upsert(ids, vecs, UpsertOptions.DEFAULT.withFields(fields));
+            ProcessBuilder pb = new ProcessBuilder(kalosd().toString(), "query", "--name", name);
+            Process p = pb.start();
+            try (var w = new java.io.OutputStreamWriter(p.getOutputStream(), java.nio.charset.StandardCharsets.UTF_8)) {
+                w.write("{\"op\": \"recall\", \"query\": [1, 0], \"k\": 3, \"filter\": {\"user\": \"ann\", \"n\": {\"$lt\": 15}}}\n");
+                w.write("{\"op\": \"delete\", \"filter\": {\"$or\": [{\"tags\": {\"$contains\": \"urgent\"}}, {\"n\": {\"$gte\": 18}}]}}\n");
+            }
+            List<String> out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8)
+                    .lines().toList();
+            assertEquals(0, p.waitFor(), String.join("\n", out));
+            assertEquals("{\"hits\":[{\"id\":114,\"score\":14.0},{\"id\":112,\"score\":12.0},{\"id\":110,\"score\":10.0}],\"ok\":true}",
+                    out.get(0));
+            assertEquals("{\"deleted\":6,\"ok\":true}", out.get(1)); // 0, 5, 10, 15, 18, 19
+            assertEquals(14, k.stats().count);
+            assertEquals(0, k.recall(new float[] {1, 0}, 20, RecallOptions.filter(Filter.contains("tags", "urgent"))).size());
+        }
+    }
+
     @Test
     void killedServerGivesServerGone() throws Exception {
         String name = uniqueName("kill");
