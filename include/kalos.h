@@ -88,6 +88,12 @@
 // WAL sync: never fsync (the OS decides).
 #define KALOS_SYNC_NEVER 2
 
+// Scan: every score exact.
+#define KALOS_SCAN_EXACT 0
+
+// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly (CPU engine).
+#define KALOS_SCAN_INT8 1
+
 // The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
 // appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
 // read back from C is well defined.
@@ -213,6 +219,16 @@ typedef struct kalos_options {
   // 1 keeps it in memory only, alive exactly as long as its server. Ignored by the other
   // roles and when `data_dir` is set.
   uint32_t ephemeral;
+  // `KALOS_SCAN_*` (default EXACT). INT8 keeps an 8-bit quantized copy of every vector beside
+  // the full-precision table, scans the copy, and re-scores the best `rerank` candidates of
+  // each query exactly: scores are exact, and a true neighbour is missed only when its
+  // 8-bit score ranked below the candidates (see `kalos_stats_info::rerank_uncertain`).
+  // Served by the CPU engine; the CUDA engine scans exactly. A caller whose `struct_size`
+  // ends before this field gets EXACT.
+  uint32_t scan;
+  // Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
+  // max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
+  uint32_t rerank;
 } kalos_options;
 
 // Per-call recall parameters; pass NULL for the defaults. Initialise with
@@ -330,6 +346,12 @@ typedef struct kalos_stats_info {
   // `KALOS_BACKEND_AUTO`, or it failed while serving); "" when nothing fell back. Cut at 255
   // bytes.
   char fallback_reason[256];
+  // Queries answered by the int8 scan (`KALOS_SCAN_INT8`) with exact re-ranking.
+  uint64_t rerank_queries;
+  // Of those, queries whose k-th exact score fell inside the 8-bit error bound of the best
+  // row left out of the candidates: a true neighbour may have been missed (a larger
+  // `rerank` makes this rarer). 0 means every int8 answer was provably the exact top-k.
+  uint64_t rerank_uncertain;
 } kalos_stats_info;
 
 #ifdef __cplusplus

@@ -328,6 +328,9 @@ pub extern "system" fn Java_io_kalos_Native_open<'l>(
             threads: u32_opt(o[16], "threads")?,
             gpu_memory_bytes: u64_opt(o[17], "gpuMemoryBytes")?,
             ephemeral: o[18] != 0,
+            // The Java binding's options array has no scan fields yet: it opens exact stores.
+            scan: crate::types::Scan::Exact,
+            rerank: 0,
             data_dir: if data_dir.is_null() { None } else { Some(data_dir.try_to_string(env)?.into()) },
         };
         let k = Kalos::open(&name, &options)?;

@@ -66,6 +66,10 @@ KALOS_SYNC_ALWAYS = 0
 KALOS_SYNC_INTERVAL = 1
 KALOS_SYNC_NEVER = 2
 
+KALOS_SCAN_EXACT = 0
+KALOS_SCAN_INT8 = 1
+KALOS_MAX_RERANK = 65536
+
 #: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
 STATUS_CODES = {
     "OK": 0,
@@ -124,6 +128,8 @@ class kalos_options(Structure):
         ("sync_interval_ms", c_uint64),
         ("gpu_memory_bytes", c_uint64),
         ("ephemeral", c_uint32),
+        ("scan", c_uint32),
+        ("rerank", c_uint32),
     ]
 
 
@@ -204,6 +210,8 @@ class kalos_stats_info(Structure):
         ("engine_fallbacks", c_uint64),
         ("engine_name", c_char * 48),
         ("fallback_reason", c_char * 256),
+        ("rerank_queries", c_uint64),
+        ("rerank_uncertain", c_uint64),
     ]
 
 
