@@ -14,7 +14,8 @@ about 174k sentences. `--limit N` keeps a fixed pseudo-random subset of N (seed 
 Writes to the cache directory (default tests/quality/.cache/, git-ignored):
   minilm_manpages.npy      float32 [n, 384], L2-normalised (the table and the queries)
   minilm_manpages.txt      the n sentences, one a line (row i of the .npy is line i)
-  minilm_manpages_f16_60mb.npy  float16, the first rows that fit in 60 MB (for the GPU host)
+  minilm_manpages_f16_60mb.npy  float16, the first 78,124 rows (at most 60 MB, for the GPU
+                           host); `--export-partial` writes it from the rows embedded so far
 
 Setup (a virtual environment outside the package):
   apt-get install manpages manpages-dev perl-doc git-man openssl systemd coreutils iproute2
@@ -138,6 +139,11 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="embed only the first N sentences (0 = all)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--count-only", action="store_true", help="print the corpus size and exit")
+    ap.add_argument(
+        "--export-partial",
+        action="store_true",
+        help="write the f16 subset from the rows embedded so far (the partial file) and exit",
+    )
     args = ap.parse_args()
 
     files, texts = corpus()
@@ -153,6 +159,12 @@ def main():
 
     os.makedirs(args.cache, exist_ok=True)
     base = os.path.join(args.cache, "minilm_manpages")
+    rows = (60_000_000 - 128) // (384 * 2)
+    if args.export_partial:
+        done = np.load(base + ".partial.npy")
+        np.save(base + "_f16_60mb.npy", done[:rows].astype(np.float16))
+        print(f"wrote {base}_f16_60mb.npy ({min(rows, len(done))} rows f16, of {len(texts)} sentences)")
+        return
     with open(base + ".txt", "w", encoding="utf-8") as f:
         for t in texts:
             f.write(t.replace("\n", " ") + "\n")
@@ -178,7 +190,6 @@ def main():
         t0 = time.time()
         print(f"{len(done)}/{len(texts)} embedded ({rate:.0f}/s)", flush=True)
     np.save(base + ".npy", done)
-    rows = (60_000_000 - 128) // (384 * 2)
     np.save(base + "_f16_60mb.npy", done[:rows].astype(np.float16))
     if os.path.exists(part):
         os.remove(part)
