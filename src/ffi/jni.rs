@@ -280,7 +280,7 @@ pub extern "system" fn Java_io_kalos_Native_debugPanic<'l>(mut env: EnvUnowned<'
 }
 
 /// Number of option slots `open` expects (must match `KalosOptions.toNative`).
-const OPT_LEN: usize = 19;
+const OPT_LEN: usize = 21;
 
 fn u32_opt(v: i64, what: &str) -> JResult<u32> {
     u32::try_from(v).or_else(|_| kerr(Status::InvalidArgument, format!("option {what} = {v} is out of range")))
@@ -328,9 +328,8 @@ pub extern "system" fn Java_io_kalos_Native_open<'l>(
             threads: u32_opt(o[16], "threads")?,
             gpu_memory_bytes: u64_opt(o[17], "gpuMemoryBytes")?,
             ephemeral: o[18] != 0,
-            // The Java binding's options array has no scan fields yet: it opens exact stores.
-            scan: crate::types::Scan::Exact,
-            rerank: 0,
+            scan: crate::types::Scan::from_u32(u32_opt(o[19], "scan")?)?,
+            rerank: u32_opt(o[20], "rerank")?,
             data_dir: if data_dir.is_null() { None } else { Some(data_dir.try_to_string(env)?.into()) },
         };
         let k = Kalos::open(&name, &options)?;
@@ -712,7 +711,7 @@ pub extern "system" fn Java_io_kalos_Native_get<'l>(
     })
 }
 
-/// `static native String[] stats(long h, long[] out)`: fills 18 counters (order of
+/// `static native String[] stats(long h, long[] out)`: fills 20 counters (order of
 /// `io.kalos.Stats`) and returns {engine name, fallback reason}.
 #[no_mangle]
 pub extern "system" fn Java_io_kalos_Native_stats<'l>(
@@ -742,6 +741,8 @@ pub extern "system" fn Java_io_kalos_Native_stats<'l>(
             s.payload_bytes,
             s.uptime_ms,
             s.engine_fallbacks,
+            s.rerank_queries,
+            s.rerank_uncertain,
         ];
         out.set_region(env, 0, as_i64(&v))?;
         let names = env.new_object_array(2, jni_str!("java/lang/String"), JObject::null())?;
