@@ -163,7 +163,7 @@ def main():
     if args.export_partial:
         done = np.load(base + ".partial.npy")
         np.save(base + "_f16_60mb.npy", done[:rows].astype(np.float16))
-        print(f"wrote {base}_f16_60mb.npy ({min(rows, len(done))} rows f16, of {len(texts)} sentences)")
+        print(f"wrote {base}_f16_60mb.npy ({min(rows, len(done))} rows f16)")
         return
     with open(base + ".txt", "w", encoding="utf-8") as f:
         for t in texts:
