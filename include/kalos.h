@@ -94,6 +94,9 @@
 // Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly (CPU engine).
 #define KALOS_SCAN_INT8 1
 
+// Largest `kalos_options::rerank`.
+#define KALOS_MAX_RERANK 65536
+
 // The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
 // appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
 // read back from C is well defined.
