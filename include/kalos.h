@@ -88,6 +88,15 @@
 // WAL sync: never fsync (the OS decides).
 #define KALOS_SYNC_NEVER 2
 
+// Scan: every score exact.
+#define KALOS_SCAN_EXACT 0
+
+// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly (CPU engine).
+#define KALOS_SCAN_INT8 1
+
+// Largest `kalos_options::rerank`.
+#define KALOS_MAX_RERANK 65536
+
 // Op code of `kalos_op_count`: a request of an op code the server does not know.
 #define KALOS_OP_UNKNOWN 0
 
@@ -114,6 +123,40 @@
 
 // Op code: delete by filter expression.
 #define KALOS_OP_DELETE_WHERE 8
+
+// Always false.
+#define P_FALSE 0
+
+// Always true.
+#define P_TRUE 1
+
+// The row has a value for column `col`.
+#define P_EXISTS 2
+
+// The row's keyword code is one of `consts[a .. a + b]` (sorted ascending).
+#define P_CODE_IN 3
+
+// The row's int64 is within `[consts[a], consts[a + 1]]` (as i64).
+#define P_I64_RANGE 4
+
+// The row's float64 is within `consts[a] .. consts[a + 1]` (f64 bits); `b` bit 0: the low end
+// is open, bit 1: the high end is open.
+#define P_F64_RANGE 5
+
+// The row's bool cell (1 = false, 2 = true) has its bit set in `a`.
+#define P_BOOL_SET 6
+
+// Pops one, pushes its negation.
+#define P_NOT 7
+
+// Pops two, pushes their conjunction.
+#define P_AND 8
+
+// Pops two, pushes their disjunction.
+#define P_OR 9
+
+// Deepest stack a program may need: the device keeps it in the bits of one u64.
+#define PROGRAM_STACK 64
 
 // The values a `kalos_status` takes. Values are explicit and never renumbered; new codes are
 // appended. Functions return `kalos_status` (an `int32_t`), not this enum type, so any value
@@ -240,6 +283,16 @@ typedef struct kalos_options {
   // 1 keeps it in memory only, alive exactly as long as its server. Ignored by the other
   // roles and when `data_dir` is set.
   uint32_t ephemeral;
+  // `KALOS_SCAN_*` (default EXACT). INT8 keeps an 8-bit quantized copy of every vector beside
+  // the full-precision table, scans the copy, and re-scores the best `rerank` candidates of
+  // each query exactly: scores are exact, and a true neighbour is missed only when its
+  // 8-bit score ranked below the candidates (see `kalos_stats_info::rerank_uncertain`).
+  // Served by the CPU engine; the CUDA engine scans exactly. A caller whose `struct_size`
+  // ends before this field gets EXACT.
+  uint32_t scan;
+  // Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
+  // max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
+  uint32_t rerank;
 } kalos_options;
 
 // Per-call recall parameters; pass NULL for the defaults. Initialise with
@@ -357,6 +410,12 @@ typedef struct kalos_stats_info {
   // `KALOS_BACKEND_AUTO`, or it failed while serving); "" when nothing fell back. Cut at 255
   // bytes.
   char fallback_reason[256];
+  // Queries answered by the int8 scan (`KALOS_SCAN_INT8`) with exact re-ranking.
+  uint64_t rerank_queries;
+  // Of those, queries whose k-th exact score fell inside the 8-bit error bound of the best
+  // row left out of the candidates: a true neighbour may have been missed (a larger
+  // `rerank` makes this rarer). 0 means every int8 answer was provably the exact top-k.
+  uint64_t rerank_uncertain;
 } kalos_stats_info;
 
 // One request counter of `kalos_stats_ops`: the requests of op `op` that the server answered

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result, Status};
-use crate::types::{Backend, Dtype, Metric, Role, SyncPolicy};
+use crate::types::{Backend, Dtype, Metric, Role, Scan, SyncPolicy};
 
 /// Client busy-wait cap: see [`Options::client_spin_ns`].
 pub const ADAPTIVE_SPIN_CAP: std::time::Duration = std::time::Duration::from_micros(500);
@@ -56,7 +56,15 @@ pub struct Options {
     pub threads: u32,
     /// GPU memory the CUDA engine may use for the table (0 = 90% of free memory).
     pub gpu_memory_bytes: u64,
+    /// Exact scan, or an 8-bit scan with exact re-ranking of the best candidates.
+    pub scan: Scan,
+    /// Candidates re-ranked per query by the int8 scan (0 = adapt to k:
+    /// [`crate::engine::quant::rerank_count`]); at most [`MAX_RERANK`].
+    pub rerank: u32,
 }
+
+/// Largest `rerank` option (candidates re-scored exactly per query in the int8 scan).
+pub const MAX_RERANK: u32 = 65536;
 
 impl Default for Options {
     fn default() -> Options {
@@ -81,6 +89,8 @@ impl Default for Options {
             sync_interval_ms: 100,
             threads: 0,
             gpu_memory_bytes: 0,
+            scan: Scan::Exact,
+            rerank: 0,
         }
     }
 }

@@ -86,6 +86,38 @@ impl Dtype {
     }
 }
 
+/// How an engine scans the table: every score exact, or an 8-bit scan of a quantized copy whose
+/// best candidates are re-scored exactly (`engine::quant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scan {
+    #[default]
+    Exact = 0,
+    Int8 = 1,
+}
+
+impl Scan {
+    pub fn from_u32(v: u32) -> Result<Scan> {
+        match v {
+            0 => Ok(Scan::Exact),
+            1 => Ok(Scan::Int8),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown scan {v} (0=exact, 1=int8)"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Scan::Exact => "exact",
+            Scan::Int8 => "int8",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Scan> {
+        match s.to_ascii_lowercase().as_str() {
+            "exact" => Ok(Scan::Exact),
+            "int8" => Ok(Scan::Int8),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown scan {s:?} (exact, int8)"))),
+        }
+    }
+}
+
 /// Which side of the segment a handle takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -395,6 +395,10 @@ func (o *Options) fill(c *C.kalos_options) {
 	if o.Ephemeral {
 		c.ephemeral = 1
 	}
+	if o.ScanInt8 {
+		c.scan = C.KALOS_SCAN_INT8
+	}
+	c.rerank = C.uint32_t(o.Rerank)
 }
 
 func cClose(h cHandle) { C.kgo_close(h) }
@@ -610,6 +614,8 @@ func cStats(h cHandle) (Stats, Status, string) {
 		Uptime:          durationMS64(uint64(info.uptime_ms)),
 		EngineFallbacks: uint64(info.engine_fallbacks),
 		FallbackReason:  C.GoString(&info.fallback_reason[0]),
+		RerankQueries:   uint64(info.rerank_queries),
+		RerankUncertain: uint64(info.rerank_uncertain),
 	}, st, ""
 }
 

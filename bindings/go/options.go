@@ -123,6 +123,12 @@ type Options struct {
 	Threads int
 	// GPUMemoryBytes bounds the CUDA engine's memory (default 0 = 90% of free memory).
 	GPUMemoryBytes uint64
+	// ScanInt8 makes the CPU engine scan an 8-bit copy of the table and re-score the best
+	// Rerank candidates of each query exactly (scores stay exact; Stats.RerankUncertain counts
+	// answers that may have missed a true neighbour). Default: the exact scan.
+	ScanInt8 bool
+	// Rerank is the int8 scan's candidate count per query (default 0 = max(8k, 64)).
+	Rerank uint32
 }
 
 // Stats are a server's statistics.
@@ -149,6 +155,10 @@ type Stats struct {
 	// FallbackReason says why the CUDA engine is not serving: it could not start under
 	// BackendAuto, or it failed while serving. Empty when nothing fell back.
 	FallbackReason string
+	// RerankQueries counts queries answered by the int8 scan (Options.ScanInt8);
+	// RerankUncertain those whose k-th exact score fell inside the 8-bit error bound of the
+	// rows left out of the candidates (a true neighbour may have been missed).
+	RerankQueries, RerankUncertain uint64
 	// RequestsBy counts the requests answered since the server started by op and status,
 	// ordered by op code, then status. It is read with a second stats request, so it also
 	// counts the first.

@@ -12,6 +12,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod pool;
+pub(crate) mod quant;
 pub mod router;
 
 use crate::error::Result;
@@ -69,6 +70,12 @@ pub trait Engine: Send {
     /// itself. Every engine must still answer such a request (the default path copies them).
     fn takes_slot_queries(&self) -> bool {
         false
+    }
+    /// Queries answered by the int8 scan (`scan = "int8"`) since the engine started, and those
+    /// of them whose answer was uncertain (a true neighbour may have been missed:
+    /// [`quant::rerank`]). Engines that scan exactly report (0, 0).
+    fn rerank_counts(&self) -> (u64, u64) {
+        (0, 0)
     }
 }
 

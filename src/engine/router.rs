@@ -7,7 +7,7 @@ use super::{cuda, Engine, EngineKind};
 use crate::config::Options;
 use crate::error::{Error, Result};
 use crate::store::Store;
-use crate::types::Backend;
+use crate::types::{Backend, Scan};
 
 /// Resolves the engine choice: an explicit option wins; with `Auto`, `KALOS_BACKEND` decides.
 pub fn resolve_backend(opt: Backend) -> Result<Backend> {
@@ -23,8 +23,13 @@ pub struct Router {
     /// CPU engine threads and spin window (options `threads`, `server_spin_ns`).
     threads: usize,
     spin_ns: u64,
+    /// Options `scan` and `rerank`, for the CPU engine.
+    scan: Scan,
+    rerank: u32,
     fallbacks: u64,
     reason: String,
+    /// Int8-scan counts of engines that were replaced ([`Engine::rerank_counts`]).
+    carried: (u64, u64),
 }
 
 impl Router {
@@ -32,7 +37,15 @@ impl Router {
     /// `Auto` the CPU engine serves when the CUDA engine cannot start (no driver, a compile error,
     /// out of memory, an unsupported device); the router keeps why.
     pub fn start(backend: Backend, opts: &Options, store: &Store) -> Result<(Box<dyn Engine>, Router)> {
-        let mut router = Router { threads: opts.threads as usize, spin_ns: opts.server_spin_ns, fallbacks: 0, reason: String::new() };
+        let mut router = Router {
+            threads: opts.threads as usize,
+            spin_ns: opts.server_spin_ns,
+            scan: opts.scan,
+            rerank: opts.rerank,
+            fallbacks: 0,
+            reason: String::new(),
+            carried: (0, 0),
+        };
         let engine = match backend {
             Backend::Cpu => router.cpu(),
             Backend::Cuda => cuda::create(opts, store)?,
@@ -50,7 +63,16 @@ impl Router {
     }
 
     fn cpu(&self) -> Box<dyn Engine> {
-        Box::new(CpuEngine::for_server(self.threads, self.spin_ns))
+        let mut e = CpuEngine::for_server(self.threads, self.spin_ns);
+        e.set_scan(self.scan, self.rerank);
+        Box::new(e)
+    }
+
+    /// The int8 scan's counts ([`Engine::rerank_counts`]) of `engine` and of the engines it
+    /// replaced.
+    pub fn rerank_counts(&self, engine: &dyn Engine) -> (u64, u64) {
+        let (q, u) = engine.rerank_counts();
+        (self.carried.0 + q, self.carried.1 + u)
     }
 
     /// `engine` failed with `e`: a GPU engine is replaced by the CPU engine, which serves from
@@ -61,6 +83,8 @@ impl Router {
             eprintln!("kalos: engine {} failed ({e}); falling back to the CPU engine", engine.describe());
             self.fallbacks += 1;
             self.reason = format!("the CUDA engine failed while serving: {e}");
+            let (q, u) = engine.rerank_counts();
+            self.carried = (self.carried.0 + q, self.carried.1 + u);
             let mut cpu = self.cpu();
             let _ = cpu.sync(store, &[]);
             *engine = cpu;

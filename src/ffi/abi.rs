@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::client::{Kalos, Options};
 use crate::error::{Error, Result, Status};
-use crate::types::{Backend, Dtype, Metric, Role, SyncPolicy};
+use crate::types::{Backend, Dtype, Metric, Role, Scan, SyncPolicy};
 
 /// Status code returned by every function (`KALOS_OK` = 0).
 #[allow(non_camel_case_types)]
@@ -110,6 +110,13 @@ pub const KALOS_SYNC_ALWAYS: u32 = 0;
 pub const KALOS_SYNC_INTERVAL: u32 = 1;
 /// WAL sync: never fsync (the OS decides).
 pub const KALOS_SYNC_NEVER: u32 = 2;
+/// Scan: every score exact.
+pub const KALOS_SCAN_EXACT: u32 = 0;
+/// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly (CPU engine).
+pub const KALOS_SCAN_INT8: u32 = 1;
+/// Largest `kalos_options::rerank`.
+pub const KALOS_MAX_RERANK: u32 = 65536;
+const _: () = assert!(KALOS_MAX_RERANK == crate::config::MAX_RERANK);
 
 /// Op code of `kalos_op_count`: a request of an op code the server does not know.
 pub const KALOS_OP_UNKNOWN: u32 = 0;
@@ -224,6 +231,16 @@ pub struct kalos_options {
     /// 1 keeps it in memory only, alive exactly as long as its server. Ignored by the other
     /// roles and when `data_dir` is set.
     pub ephemeral: u32,
+    /// `KALOS_SCAN_*` (default EXACT). INT8 keeps an 8-bit quantized copy of every vector beside
+    /// the full-precision table, scans the copy, and re-scores the best `rerank` candidates of
+    /// each query exactly: scores are exact, and a true neighbour is missed only when its
+    /// 8-bit score ranked below the candidates (see `kalos_stats_info::rerank_uncertain`).
+    /// Served by the CPU engine; the CUDA engine scans exactly. A caller whose `struct_size`
+    /// ends before this field gets EXACT.
+    pub scan: u32,
+    /// Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
+    /// max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
+    pub rerank: u32,
 }
 
 /// Per-call recall parameters; pass NULL for the defaults. Initialise with
@@ -346,6 +363,12 @@ pub struct kalos_stats_info {
     /// `KALOS_BACKEND_AUTO`, or it failed while serving); "" when nothing fell back. Cut at 255
     /// bytes.
     pub fallback_reason: [c_char; 256],
+    /// Queries answered by the int8 scan (`KALOS_SCAN_INT8`) with exact re-ranking.
+    pub rerank_queries: u64,
+    /// Of those, queries whose k-th exact score fell inside the 8-bit error bound of the best
+    /// row left out of the candidates: a true neighbour may have been missed (a larger
+    /// `rerank` makes this rarer). 0 means every int8 answer was provably the exact top-k.
+    pub rerank_uncertain: u64,
 }
 
 /// Bytes of the first `kalos_stats_info` layout (up to `engine_name`): callers built against it
@@ -376,6 +399,8 @@ fn defaults() -> kalos_options {
         sync_interval_ms: d.sync_interval_ms,
         gpu_memory_bytes: d.gpu_memory_bytes,
         ephemeral: d.ephemeral as u32,
+        scan: d.scan as u32,
+        rerank: d.rerank,
     }
 }
 
@@ -518,6 +543,8 @@ pub(super) unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
             1 => true,
             v => return Err(Error::new(Status::InvalidArgument, format!("options.ephemeral = {v}; expected 0 or 1"))),
         },
+        scan: Scan::from_u32(raw.scan)?,
+        rerank: raw.rerank,
     })
 }
 

@@ -783,6 +783,8 @@ pub unsafe extern "C" fn kalos_stats(h: *const kalos_handle, out: *mut kalos_sta
             engine_fallbacks: s.engine_fallbacks,
             engine_name: c_text(&s.engine_name),
             fallback_reason: c_text(&s.fallback_reason),
+            rerank_queries: s.rerank_queries,
+            rerank_uncertain: s.rerank_uncertain,
         };
         // SAFETY: out is writable for `size` bytes (the caller's contract) and at least
         // STATS_V1_BYTES (checked above); we copy the first min(size, full) bytes of info.

@@ -302,7 +302,7 @@ pub extern "system" fn Java_io_kalos_Native_debugPanic<'l>(mut env: EnvUnowned<'
 }
 
 /// Number of option slots `open` expects (must match `KalosOptions.toNative`).
-const OPT_LEN: usize = 19;
+const OPT_LEN: usize = 21;
 
 fn u32_opt(v: i64, what: &str) -> JResult<u32> {
     u32::try_from(v).or_else(|_| kerr(Status::InvalidArgument, format!("option {what} = {v} is out of range")))
@@ -350,6 +350,8 @@ pub extern "system" fn Java_io_kalos_Native_open<'l>(
             threads: u32_opt(o[16], "threads")?,
             gpu_memory_bytes: u64_opt(o[17], "gpuMemoryBytes")?,
             ephemeral: o[18] != 0,
+            scan: crate::types::Scan::from_u32(u32_opt(o[19], "scan")?)?,
+            rerank: u32_opt(o[20], "rerank")?,
             data_dir: if data_dir.is_null() { None } else { Some(data_dir.try_to_string(env)?.into()) },
         };
         let k = Kalos::open(&name, &options)?;
@@ -790,7 +792,7 @@ pub extern "system" fn Java_io_kalos_Native_get<'l>(
     })
 }
 
-/// `static native String[] stats(long h, long[] out, long[][] ops)`: fills 18 counters (order
+/// `static native String[] stats(long h, long[] out, long[][] ops)`: fills 20 counters (order
 /// of `io.kalos.Stats`), sets `ops[0]` to the request counters by op and status as
 /// {op, status, count} triples, and returns {engine name, fallback reason}.
 #[no_mangle]
@@ -822,6 +824,8 @@ pub extern "system" fn Java_io_kalos_Native_stats<'l>(
             s.payload_bytes,
             s.uptime_ms,
             s.engine_fallbacks,
+            s.rerank_queries,
+            s.rerank_uncertain,
         ];
         out.set_region(env, 0, as_i64(&v))?;
         let triples: Vec<u64> = s.requests_by.iter().flat_map(|c| [c.op as u64, c.status as u64, c.count]).collect();

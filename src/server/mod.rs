@@ -97,6 +97,9 @@ fn validate_options(o: &Options) -> Result<()> {
     if (o.slot_bytes as usize) < min_slot {
         return bad(format!("slot_bytes = {} cannot hold one query of dimension {} ({min_slot} bytes)", o.slot_bytes, o.dim));
     }
+    if o.rerank > crate::config::MAX_RERANK {
+        return bad(format!("rerank = {}; must be at most {} (0 = adapt to k)", o.rerank, crate::config::MAX_RERANK));
+    }
     if o.mode & !0o777 != 0 || o.mode & 0o600 != 0o600 {
         return bad(format!("mode {:o} must be permission bits that include 0600", o.mode));
     }

@@ -122,7 +122,11 @@ impl Server {
             last_snapshot_unix_ms: self.persist.as_ref().map_or(0, |p| p.last_snapshot_unix_ms()),
             requests_by: m.requests_by(),
             latency: m.latency(),
+            rerank_queries: 0,
+            rerank_uncertain: 0,
         };
+        let (rerank_queries, rerank_uncertain) = self.router.rerank_counts(&*self.engine);
+        let s = Stats { rerank_queries, rerank_uncertain, ..s };
         let mut w = Writer::new();
         s.encode(&mut w);
         Ok(w.buf)

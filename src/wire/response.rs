@@ -325,6 +325,11 @@ pub struct Stats {
     pub requests_by: Vec<OpStatusCount>,
     /// Service time of the requests of each op code: bucket counts over [`LATENCY_BUCKETS_NS`].
     pub latency: Vec<OpLatency>,
+    /// Queries answered by the int8 scan with exact re-ranking.
+    pub rerank_queries: u64,
+    /// Of those, queries whose k-th exact score fell inside the 8-bit error bound of the best
+    /// row left out of the candidates (a true neighbour may have been missed).
+    pub rerank_uncertain: u64,
 }
 
 /// The upper bounds (ns) of the service-time histogram buckets; a last bucket counts the rest.
@@ -395,6 +400,7 @@ impl Stats {
         for l in &self.latency {
             w.u32(l.op).u32(l.buckets.len() as u32).u64s(&l.buckets).u64(l.sum_ns);
         }
+        w.u64s(&[self.rerank_queries, self.rerank_uncertain]);
     }
     pub fn decode(r: &mut Reader<'_>) -> Result<Stats> {
         let v = r.u64s(18, "stats")?;
@@ -421,7 +427,11 @@ impl Stats {
             }
             latency.push(OpLatency { op, buckets: r.u64s(nb, "buckets")?, sum_ns: r.u64("latency sum")? });
         }
+        // Absent from a server that predates the int8 scan.
+        let rerank = if r.remaining() >= 16 { r.u64s(2, "stats")? } else { vec![0, 0] };
         Ok(Stats {
+            rerank_queries: rerank[0],
+            rerank_uncertain: rerank[1],
             wal_bytes: more[0],
             last_snapshot_unix_ms: more[1],
             requests_by,

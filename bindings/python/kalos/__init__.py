@@ -89,6 +89,7 @@ _BACKENDS = {"auto": _ffi.KALOS_BACKEND_AUTO, "cpu": _ffi.KALOS_BACKEND_CPU, "cu
 _SYNCS = {"always": _ffi.KALOS_SYNC_ALWAYS, "interval": _ffi.KALOS_SYNC_INTERVAL, "never": _ffi.KALOS_SYNC_NEVER}
 _METRIC_NAMES = {v: k for k, v in _METRICS.items()}
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_SCANS = {"exact": _ffi.KALOS_SCAN_EXACT, "int8": _ffi.KALOS_SCAN_INT8}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 
 ArrayLike = Any  # numpy.typing.ArrayLike without importing numpy.typing at run time
@@ -947,6 +948,8 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     heartbeat_timeout: Optional[float] = None,
     gpu_memory_bytes: Optional[int] = None,
     ephemeral: bool = False,
+    scan: Union[str, int] = "exact",
+    rerank: Optional[int] = None,
 ) -> Kalos:
     """Opens (or creates) the store ``name`` and returns a :class:`Kalos` handle.
 
@@ -969,6 +972,11 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
         ephemeral: role ``"auto"`` without ``data_dir``: keep the store in memory only, alive
             exactly as long as the process that runs its server.
         sync: WAL policy ``"always"``, ``"interval"`` or ``"never"``; ``sync_interval`` in s.
+        scan: ``"exact"`` (default) or ``"int8"``: scan an 8-bit copy of the table and
+            re-score the best ``rerank`` candidates of each query exactly (CPU engine; scores
+            stay exact; ``stats()["rerank_uncertain"]`` counts answers that may have missed a
+            true neighbour).
+        rerank: candidates re-scored per query with ``scan="int8"`` (default: max(8k, 64)).
         max_payload_bytes, slots, slot_bytes, mode, threads, client_spin_ns, server_spin_ns,
         heartbeat_timeout (s), gpu_memory_bytes: see ``kalos_options`` in ``kalos.h``.
 
@@ -987,6 +995,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     o.metric = _enum(metric, _METRICS, "metric")
     o.dtype = _enum(dtype, _DTYPES, "dtype")
     o.backend = _enum(backend, _BACKENDS, "backend")
+    o.scan = _enum(scan, _SCANS, "scan")
     o.sync_policy = _enum(sync, _SYNCS, "sync")
     for field, val in (
         ("capacity", capacity),
@@ -998,6 +1007,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
         ("client_spin_ns", client_spin_ns),
         ("server_spin_ns", server_spin_ns),
         ("gpu_memory_bytes", gpu_memory_bytes),
+        ("rerank", rerank),
     ):
         if val is not None:
             setattr(o, field, val)

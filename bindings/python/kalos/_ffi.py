@@ -76,6 +76,10 @@ KALOS_OP_STATS = 6
 KALOS_OP_CLEAR = 7
 KALOS_OP_DELETE_WHERE = 8
 
+KALOS_SCAN_EXACT = 0
+KALOS_SCAN_INT8 = 1
+KALOS_MAX_RERANK = 65536
+
 #: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
 STATUS_CODES = {
     "OK": 0,
@@ -134,6 +138,8 @@ class kalos_options(Structure):
         ("sync_interval_ms", c_uint64),
         ("gpu_memory_bytes", c_uint64),
         ("ephemeral", c_uint32),
+        ("scan", c_uint32),
+        ("rerank", c_uint32),
     ]
 
 
@@ -214,6 +220,8 @@ class kalos_stats_info(Structure):
         ("engine_fallbacks", c_uint64),
         ("engine_name", c_char * 48),
         ("fallback_reason", c_char * 256),
+        ("rerank_queries", c_uint64),
+        ("rerank_uncertain", c_uint64),
     ]
 
 

@@ -87,6 +87,13 @@ struct ServeArgs {
     /// Engine: cpu, cuda or auto (with auto, KALOS_BACKEND decides)
     #[arg(long, default_value = "auto", value_parser = parse_backend)]
     backend: Backend,
+    /// Scan: exact, or int8 (8-bit scan of a quantized copy, the best --rerank candidates
+    /// re-scored exactly; CPU engine)
+    #[arg(long, default_value = "exact", value_parser = parse_scan)]
+    scan: Scan,
+    /// Candidates re-scored exactly per query with --scan int8 (0 = adapt to k: max(8k, 64))
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=kalos::config::MAX_RERANK as i64))]
+    rerank: u32,
     /// Vectors to load at start: float32/float16 .npy of shape (n, D)
     #[arg(long, value_name = "FILE.npy", conflicts_with = "synthetic")]
     load: Option<PathBuf>,
@@ -163,6 +170,9 @@ fn parse_metric(s: &str) -> std::result::Result<Metric, String> {
 fn parse_dtype(s: &str) -> std::result::Result<Dtype, String> {
     Dtype::parse(s).map_err(|e| e.message)
 }
+fn parse_scan(s: &str) -> std::result::Result<Scan, String> {
+    Scan::parse(s).map_err(|e| e.message)
+}
 fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
     Backend::parse(s).map_err(|e| e.message)
 }
@@ -215,7 +225,7 @@ fn init_logs() {
 
 fn print_stats(s: &Stats) {
     println!(
-        "count={} capacity={} dim={} engine={} requests={} queries={} batches={} errors={} p50_us={:.1} p99_us={:.1} queue_depth={} payload_bytes={} uptime_ms={} fallbacks={}",
+        "count={} capacity={} dim={} engine={} requests={} queries={} batches={} errors={} p50_us={:.1} p99_us={:.1} queue_depth={} payload_bytes={} uptime_ms={} fallbacks={} rerank_queries={} rerank_uncertain={}",
         s.count,
         s.capacity,
         s.dim,
@@ -229,7 +239,9 @@ fn print_stats(s: &Stats) {
         s.queue_depth,
         s.payload_bytes,
         s.uptime_ms,
-        s.engine_fallbacks
+        s.engine_fallbacks,
+        s.rerank_queries,
+        s.rerank_uncertain
     );
 }
 
@@ -292,6 +304,8 @@ fn stats_json(s: &Stats) -> serde_json::Value {
         "uptime_ms": s.uptime_ms,
         "server_pid": s.server_pid,
         "wal_bytes": s.wal_bytes,
+        "rerank_queries": s.rerank_queries,
+        "rerank_uncertain": s.rerank_uncertain,
         "last_snapshot_unix_ms": (s.last_snapshot_unix_ms != 0).then_some(s.last_snapshot_unix_ms),
         "requests_by": s.requests_by.iter().map(|c| serde_json::json!({
             "op": op_name(c.op),
@@ -347,6 +361,8 @@ fn serve(a: &ServeArgs) {
         metric: a.metric,
         dtype: a.dtype,
         backend: a.backend,
+        scan: a.scan,
+        rerank: a.rerank,
         sync: a.sync,
         capacity: a.capacity,
         slots: a.slots,

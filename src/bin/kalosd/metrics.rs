@@ -143,7 +143,7 @@ pub fn render(s: &Stats, now_ms: u64) -> String {
         let _ = writeln!(o, "kalos_request_duration_seconds_sum{{op=\"{op}\"}} {}", l.sum_ns as f64 / 1e9);
         let _ = writeln!(o, "kalos_request_duration_seconds_count{{op=\"{op}\"}} {cum}");
     }
-    let gauges: [(&str, &str, &str, f64); 7] = [
+    let gauges: [(&str, &str, &str, f64); 9] = [
         ("kalos_rows", "gauge", "Memories stored.", s.count as f64),
         ("kalos_capacity_rows", "gauge", "Most memories the store accepts.", s.capacity as f64),
         ("kalos_payload_bytes", "gauge", "Payload bytes stored.", s.payload_bytes as f64),
@@ -155,6 +155,13 @@ pub fn render(s: &Stats, now_ms: u64) -> String {
             "counter",
             "Times the GPU engine failed and the server fell back to the CPU.",
             s.engine_fallbacks as f64,
+        ),
+        ("kalos_rerank_queries_total", "counter", "Queries answered by the int8 scan with exact re-ranking.", s.rerank_queries as f64),
+        (
+            "kalos_rerank_uncertain_total",
+            "counter",
+            "Int8-scan queries whose k-th exact score fell inside the 8-bit error bound (a true neighbour may have been missed).",
+            s.rerank_uncertain as f64,
         ),
     ];
     for (name, kind, help, v) in gauges {

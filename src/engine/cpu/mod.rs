@@ -59,17 +59,20 @@
 //! allocates nothing except the caller-facing result vectors on first use.
 
 use super::pool::Pool;
+use super::quant::{self, QuantStats, QueryCode};
 use super::{recency_boost, Engine, EngineKind, TopK};
 use crate::error::Result;
 use crate::filter::Bitmap;
 use crate::store::Store;
-use crate::types::{Filter, Hit, Metric, Recency};
+use crate::types::{Filter, Hit, Metric, Recency, Scan};
 use crate::wire::SearchRequest;
 
 mod kernels;
+mod qkernels;
 
 pub use kernels::Isa;
 use kernels::{gemm, scores, Rows};
+pub use qkernels::QIsa;
 
 /// Tests only: while this is set, CPU engines take slot queries
 /// (`Engine::takes_slot_queries`; they copy and check them, as any engine that gets them must),
@@ -120,6 +123,8 @@ struct Worker {
     tops: Vec<TopK>,
     scores: Vec<f32>,
     idx: Vec<u32>,
+    /// Integer dot products of the int8 scan (one block of rows).
+    dots: Vec<i32>,
 }
 
 impl Worker {
@@ -136,6 +141,9 @@ impl Worker {
         }
         if self.scores.len() < score_len {
             self.scores.resize(score_len, 0.0);
+        }
+        if self.dots.len() < score_len {
+            self.dots.resize(score_len, 0);
         }
     }
 }
@@ -165,6 +173,56 @@ struct Ctx<'a> {
     now_ms: u64,
     recency: Option<Recency>,
     block_rows: usize,
+    /// The int8 scan: scores are approximate, from the quantized copy.
+    quant: Option<QCtx<'a>>,
+}
+
+/// What the int8 scan reads besides [`Ctx`].
+struct QCtx<'a> {
+    isa: QIsa,
+    stride: usize,
+    codes: &'a [i8],
+    scales: &'a [f32],
+    /// One per query.
+    queries: &'a [QueryCode],
+}
+
+/// The quantized copy of the table for the int8 scan, kept in step with the store by `sync`
+/// (row r of the copy is row r of the store).
+#[derive(Default)]
+struct QuantTable {
+    /// `len × stride` codes, each row zero-padded ([`quant::code_stride`]).
+    codes: Vec<i8>,
+    /// Per-row scale (`x ≈ scale·codes`).
+    scales: Vec<f32>,
+    stats: QuantStats,
+}
+
+impl QuantTable {
+    /// Re-quantizes the rows in `dirty` (those below `store.len()`) and any row past the copy's
+    /// old length; shrinks with the store. An empty copy is rebuilt whole (engine start, load).
+    fn sync(&mut self, store: &Store, dirty: &[u32]) {
+        let (dim, len) = (store.dim(), store.len());
+        let stride = quant::code_stride(dim);
+        let old = self.scales.len();
+        if old == 0 || len == 0 {
+            self.stats = QuantStats::default();
+        }
+        self.codes.resize(len * stride, 0);
+        self.scales.resize(len, 0.0);
+        let v = store.vectors();
+        let put = |r: usize, t: &mut QuantTable| {
+            let (s, l1) = quant::quantize_row(&v[r * dim..(r + 1) * dim], &mut t.codes[r * stride..(r + 1) * stride]);
+            t.scales[r] = s;
+            t.stats.add(s, l1);
+        };
+        for &r in dirty.iter().filter(|&&r| (r as usize) < len.min(old)) {
+            put(r as usize, self);
+        }
+        for r in old.min(len)..len {
+            put(r, self);
+        }
+    }
 }
 
 pub struct CpuEngine {
@@ -178,6 +236,18 @@ pub struct CpuEngine {
     pool: Option<Pool>,
     workers: Vec<Worker>,
     qnorms: Vec<f32>,
+    scan: Scan,
+    /// Option `rerank` (0 = adapt to k).
+    rerank: u32,
+    qisa: QIsa,
+    quant: QuantTable,
+    qcodes: Vec<QueryCode>,
+    /// Re-ranking scratch: candidates, and the shared step's buffers and exact selection.
+    cands: Vec<(u32, u64)>,
+    rr: quant::RerankScratch,
+    /// Queries answered by the int8 scan, and those of them whose answer was uncertain.
+    reranked: u64,
+    uncertain: u64,
 }
 
 /// `&mut [Worker]` shared with the pool's participants, each of which touches only the entry
@@ -224,6 +294,7 @@ impl CpuEngine {
             };
             if Isa::available().contains(&want) {
                 e.scan_isa = want;
+                e.qisa = QIsa::for_isa(want);
             }
         }
         if spin_ns > 0 {
@@ -262,7 +333,31 @@ impl CpuEngine {
             pool: None,
             workers: Vec::new(),
             qnorms: Vec::new(),
+            scan: Scan::Exact,
+            rerank: 0,
+            qisa: QIsa::for_isa(isa),
+            quant: QuantTable::default(),
+            qcodes: Vec::new(),
+            cands: Vec::new(),
+            rr: quant::RerankScratch::default(),
+            reranked: 0,
+            uncertain: 0,
         }
+    }
+
+    /// Chooses the scan (option `scan`) and the int8 scan's re-rank count (option `rerank`,
+    /// 0 = adapt to k). Takes effect at the next `sync`, which builds the quantized copy.
+    pub fn set_scan(&mut self, scan: Scan, rerank: u32) {
+        self.scan = scan;
+        self.rerank = rerank;
+        if scan == Scan::Exact {
+            self.quant = QuantTable::default();
+        }
+    }
+
+    /// The integer kernels' instruction set (tests force one with [`CpuEngine::with_isa`]).
+    pub fn qisa(&self) -> QIsa {
+        self.qisa
     }
 
     pub fn isa(&self) -> Isa {
@@ -285,6 +380,54 @@ impl CpuEngine {
     /// (0 = always split when `threads` > 1). Also settable with `KALOS_CPU_PARALLEL_MIN_BYTES`.
     pub fn set_parallel_min_bytes(&mut self, bytes: usize) {
         self.par_min_bytes = bytes;
+    }
+
+    /// The int8 scan's second step: the candidates in `workers[0].tops` (the best `kscan` rows
+    /// of each query by approximate key) are re-scored exactly with the kernels and arithmetic
+    /// of the exact scan (so an answer equals the exact scan's whenever the true top-k is among
+    /// the candidates), and the best `req.k` go to `out`. Counts uncertain answers
+    /// ([`quant::rerank`]).
+    fn rerank_into(&mut self, store: &Store, req: &SearchRequest<'_>, kscan: usize, out: &mut [Vec<Hit>]) {
+        let (dim, metric, nq) = (store.dim(), store.metric(), req.nq);
+        let l2 = metric == Metric::L2;
+        let (vectors, norms, created) = (store.vectors(), store.norms(), store.created_ms());
+        let (isa, scan_isa) = (self.isa, self.scan_isa);
+        for (qi, o) in out.iter_mut().enumerate().take(nq) {
+            let top = &mut self.workers[0].tops[qi];
+            let full = top.len() == kscan;
+            let floor = top.threshold();
+            self.cands.clear();
+            self.cands.extend(top.sorted().into_iter().map(|(_, id)| (store.row_of(id).expect("candidate id in the store") as u32, id)));
+            let q = &req.queries[qi * dim..(qi + 1) * dim];
+            let bound = quant::key_bound(metric, req.recency, self.qcodes[qi].bound(dim, &self.quant.stats));
+            let qnorm = if l2 { self.qnorms[qi] } else { 0.0 };
+            let exact_key = |rows: &[u32], keys: &mut [f32]| {
+                // The exact scan's arithmetic: a lone query streams rows (L2 as Σ(q−x)²), a batch
+                // uses the tile kernel (L2 as |q|² − 2q·x + |x|²).
+                if nq == 1 {
+                    scores(scan_isa, l2, q, vectors, dim, Rows::Idx(rows), keys);
+                    if l2 {
+                        keys.iter_mut().for_each(|s| *s = -*s);
+                    }
+                } else {
+                    gemm(isa, q, 1, vectors, dim, Rows::Idx(rows), keys);
+                    if l2 {
+                        for (s, &r) in keys.iter_mut().zip(rows) {
+                            *s = -(qnorm - 2.0 * *s + norms[r as usize]).max(0.0);
+                        }
+                    }
+                }
+                if let Some(rc) = req.recency {
+                    for (s, &r) in keys.iter_mut().zip(rows) {
+                        *s = (1.0 - rc.weight) * *s + rc.weight * recency_boost(req.now_ms, created[r as usize], rc.half_life_ms);
+                    }
+                }
+            };
+            let uncertain = quant::rerank(&self.cands, req.k, quant::Cut { full, floor, bound }, &mut self.rr, exact_key);
+            self.rr.top.drain_hits_into(metric, o);
+            self.reranked += 1;
+            self.uncertain += uncertain as u64;
+        }
     }
 
     /// Number of workers for a scan of `rows` rows of `dim` values by `nq` queries.
@@ -324,9 +467,21 @@ impl CpuEngine {
         }
         assert!(req.queries.len() >= nq * dim, "query buffer shorter than nq * dim");
         let k = req.k;
+        let int8 = self.scan == Scan::Int8;
+        // The int8 scan keeps the best `kscan` rows by approximate key for re-ranking.
+        let kscan = if int8 { quant::rerank_count(self.rerank, k) } else { k };
+        if int8 {
+            assert_eq!(self.quant.scales.len(), len, "the quantized copy is out of step with the store (sync missed)");
+            while self.qcodes.len() < nq {
+                self.qcodes.push(QueryCode::default());
+            }
+            for (qc, q) in self.qcodes.iter_mut().zip(req.queries[..nq * dim].chunks_exact(dim)) {
+                qc.set(q);
+            }
+        }
 
         self.qnorms.clear();
-        if metric == Metric::L2 && nq > 1 {
+        if metric == Metric::L2 && (nq > 1 || int8) {
             self.qnorms.extend(req.queries[..nq * dim].chunks_exact(dim).map(|q| q.iter().map(|x| x * x).sum::<f32>()));
         }
         let block_rows = if nq == 1 { BLOCK_ROWS_SINGLE } else { (BLOCK_BYTES_BATCH / (dim * 4)).clamp(16, 1024) & !3 };
@@ -337,12 +492,13 @@ impl CpuEngine {
         }
         // A very selective filter: only the matching rows are gathered and scored.
         let sparse = matching.is_some_and(|m| m.saturating_mul(SPARSE_DIV) <= len);
-        let t = if sparse { 1 } else { self.plan_threads(len, dim, nq, block_rows) };
+        // Bytes a row costs the scan: 4 per value, 1 in the int8 scan.
+        let t = if sparse { 1 } else { self.plan_threads(len, if int8 { dim.div_ceil(4) } else { dim }, nq, block_rows) };
         while self.workers.len() < t {
             self.workers.push(Worker::default());
         }
         for w in &mut self.workers[..t] {
-            w.prepare(nq, k, score_len);
+            w.prepare(nq, kscan, score_len);
         }
 
         let ctx = Ctx {
@@ -365,13 +521,20 @@ impl CpuEngine {
             now_ms: req.now_ms,
             recency: req.recency,
             block_rows,
+            quant: int8.then(|| QCtx {
+                isa: self.qisa,
+                stride: quant::code_stride(dim),
+                codes: &self.quant.codes,
+                scales: &self.quant.scales,
+                queries: &self.qcodes[..nq],
+            }),
         };
 
         if sparse {
             let list = allowed.as_ref().map(|b| b.rows()).unwrap_or_default();
             let w = &mut self.workers[0];
             for part in list.chunks(block_rows) {
-                score_rows(&ctx, &mut w.tops, &mut w.scores, Rows::Idx(part));
+                score_rows(&ctx, &mut w.tops, &mut w.scores, &mut w.dots, Rows::Idx(part));
             }
         } else if t == 1 {
             scan(&ctx, &mut self.workers[0], 0, len);
@@ -423,8 +586,12 @@ impl CpuEngine {
                 }
             }
         }
-        for (qi, o) in out.iter_mut().enumerate() {
-            self.workers[0].tops[qi].drain_hits_into(metric, o);
+        if int8 {
+            self.rerank_into(store, req, kscan, out);
+        } else {
+            for (qi, o) in out.iter_mut().enumerate() {
+                self.workers[0].tops[qi].drain_hits_into(metric, o);
+            }
         }
         // A lone query's response body goes straight into the client's slot when offered.
         if let (1, Some(d)) = (nq, req.direct) {
@@ -436,7 +603,7 @@ impl CpuEngine {
 
 /// Walks rows `r0..r1` and feeds every candidate into `tops[..nq]`.
 fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
-    let Worker { tops, scores: sbuf, idx } = w;
+    let Worker { tops, scores: sbuf, idx, dots } = w;
     let all_ns = c.filter.namespaces.is_none();
     let mut b0 = r0;
     while b0 < r1 {
@@ -469,16 +636,29 @@ fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
                 Rows::Idx(idx)
             }
         };
-        score_rows(c, tops, sbuf, rows);
+        score_rows(c, tops, sbuf, dots, rows);
         b0 += n;
     }
 }
 
 /// Scores `rows` for every query and feeds the candidates into `tops[..nq]`.
-fn score_rows(c: &Ctx<'_>, tops: &mut [TopK], sbuf: &mut [f32], rows: Rows<'_>) {
+fn score_rows(c: &Ctx<'_>, tops: &mut [TopK], sbuf: &mut [f32], dbuf: &mut [i32], rows: Rows<'_>) {
     let dim = c.dim;
     let l2 = c.metric == Metric::L2;
     let m = rows.len();
+    if let Some(qc) = &c.quant {
+        // Approximate dot products from the 8-bit copy; L2 keys from |q|² − 2q·x + |x|².
+        let (s, d) = (&mut sbuf[..m], &mut dbuf[..m]);
+        for (a, q) in qc.queries.iter().enumerate() {
+            qkernels::dots(qc.isa, &q.codes, qc.codes, qc.stride, rows, d);
+            for (j, (o, &dot)) in s.iter_mut().zip(d.iter()).enumerate() {
+                *o = dot as f32 * (q.scale * qc.scales[rows.get(j)]);
+            }
+            let qnorm = if l2 { Some(c.qnorms[a]) } else { None };
+            select(c, &mut tops[a], rows, s, qnorm);
+        }
+        return;
+    }
     if c.nq == 1 {
         let s = &mut sbuf[..m];
         scores(c.scan_isa, l2, &c.queries[..dim], c.vectors, dim, rows, s);
@@ -565,11 +745,21 @@ impl Engine for CpuEngine {
         TEST_SLOT_QUERIES.load(std::sync::atomic::Ordering::Relaxed)
     }
     fn describe(&self) -> String {
-        format!("cpu-{}-x{}", self.isa.name(), self.threads)
+        match self.scan {
+            Scan::Exact => format!("cpu-{}-x{}", self.isa.name(), self.threads),
+            Scan::Int8 => format!("cpu-{}-x{}-int8-{}", self.isa.name(), self.threads, self.qisa.name()),
+        }
     }
-    fn sync(&mut self, _store: &Store, _dirty: &[u32]) -> Result<()> {
-        // The CPU engine scans the store's own columns: nothing to mirror.
+    fn sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()> {
+        // The exact scan reads the store's own columns: nothing to mirror. The int8 scan keeps
+        // its quantized copy in step.
+        if self.scan == Scan::Int8 {
+            self.quant.sync(store, dirty);
+        }
         Ok(())
+    }
+    fn rerank_counts(&self) -> (u64, u64) {
+        (self.reranked, self.uncertain)
     }
     fn search(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         // A metadata filter is evaluated once, over the field columns, into a bitmap of the

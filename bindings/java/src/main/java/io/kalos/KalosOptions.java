@@ -77,6 +77,8 @@ public final class KalosOptions {
     final long gpuMemoryBytes;
     final Path dataDir;
     final boolean ephemeral;
+    final boolean scanInt8;
+    final int rerank;
 
     private KalosOptions(Builder b) {
         role = b.role;
@@ -99,6 +101,8 @@ public final class KalosOptions {
         gpuMemoryBytes = b.gpuMemoryBytes;
         dataDir = b.dataDir;
         ephemeral = b.ephemeral;
+        scanInt8 = b.scanInt8;
+        rerank = b.rerank;
     }
 
     /** A builder with the library defaults. */
@@ -116,12 +120,12 @@ public final class KalosOptions {
     public Metric metric() { return metric; }
     public long timeoutMs() { return timeoutMs; }
 
-    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 19 entries, in this order). */
+    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 21 entries, in this order). */
     long[] toNative() {
         return new long[] {
             role.code, dim, metric.code, dtype.code, backend.code, capacity, slots, slotBytes, mode,
             maxPayloadBytes, clientSpinNs, serverSpinNs, timeoutMs, heartbeatTimeoutMs, sync.code,
-            syncIntervalMs, threads, gpuMemoryBytes, ephemeral ? 1 : 0,
+            syncIntervalMs, threads, gpuMemoryBytes, ephemeral ? 1 : 0, scanInt8 ? 1 : 0, rerank,
         };
     }
 
@@ -147,6 +151,8 @@ public final class KalosOptions {
         private long gpuMemoryBytes = 0;
         private Path dataDir = null;
         private boolean ephemeral = false;
+        private boolean scanInt8 = false;
+        private int rerank = 0;
 
         private Builder() {}
 
@@ -197,6 +203,14 @@ public final class KalosOptions {
          * AUTO handle when the server's process exits).
          */
         public Builder ephemeral(boolean v) { ephemeral = v; return this; }
+        /**
+         * The int8 scan (CPU engine): scan an 8-bit copy of the table and re-score the best
+         * {@link #rerank(int)} candidates of each query exactly. Scores stay exact;
+         * {@link Stats#rerankUncertain} counts answers that may have missed a true neighbour.
+         */
+        public Builder scanInt8(boolean v) { scanInt8 = v; return this; }
+        /** Candidates re-scored per query by the int8 scan (0 = max(8k, 64); at most 65536). */
+        public Builder rerank(int v) { rerank = v; return this; }
 
         public KalosOptions build() {
             return new KalosOptions(this);

@@ -26,6 +26,13 @@ public final class Stats {
     public final long payloadBytes;
     public final long uptimeMs;
     public final long engineFallbacks;
+    /** Queries answered by the int8 scan ({@link KalosOptions.Builder#scanInt8}). */
+    public final long rerankQueries;
+    /**
+     * Of those, queries whose k-th exact score fell inside the 8-bit error bound of the rows left
+     * out of the candidates (a true neighbour may have been missed).
+     */
+    public final long rerankUncertain;
     /** Engine description, e.g. "cpu-avx2-x2". */
     public final String engineName;
     /**
@@ -41,7 +48,7 @@ public final class Stats {
     public final List<OpCount> requestsBy;
 
     /** Number of counters {@code Native.stats} fills. */
-    static final int N = 18;
+    static final int N = 20;
 
     Stats(long[] v, String engineName, String fallbackReason, long[] ops) {
         count = v[0];
@@ -62,6 +69,8 @@ public final class Stats {
         payloadBytes = v[15];
         uptimeMs = v[16];
         engineFallbacks = v[17];
+        rerankQueries = v[18];
+        rerankUncertain = v[19];
         this.engineName = engineName;
         this.fallbackReason = fallbackReason;
         List<OpCount> by = new ArrayList<>(ops.length / 3);
