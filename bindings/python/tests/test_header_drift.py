@@ -235,3 +235,30 @@ def test_fast_path_call_passes_prototype_types(monkeypatch):
     assert len(p1) == 1 and p1[0] is frame.ap and p2[0] is frame.ap
     assert (qa1, n1, k1) == (q.ctypes.data, 8, 3)
     assert (qa2, n2, k2) == (q2.ctypes.data, 8, 5)
+
+
+def test_gpu_test_wrapper_structs_are_prefixes_of_the_header_layout():
+    """tests/gpu/kalos_ct.py declares its own ctypes structs (it runs on the GPU machine without
+    the package). Each must be the header's layout or an older prefix of it: same fields at the
+    same offsets with the same sizes, so that the library writes only within it."""
+    path = HEADER.parent.parent / "tests" / "gpu" / "kalos_ct.py"
+    if not path.is_file():
+        pytest.skip("tests/gpu/kalos_ct.py not found")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kalos_ct", path)
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    pairs = [
+        (ct.Options, _ffi.kalos_options),
+        (ct.RecallParams, _ffi.kalos_recall_params),
+        (ct.UpsertParams, _ffi.kalos_upsert_params),
+        (ct.StatsInfo, _ffi.kalos_stats_info),
+    ]
+    for mine, lib in pairs:
+        assert len(mine._fields_) <= len(lib._fields_), mine.__name__
+        for (name, ftype), (lname, ltype) in zip(mine._fields_, lib._fields_):
+            where = (mine.__name__, name, lname)
+            assert getattr(mine, name).offset == getattr(lib, lname).offset, where
+            assert ctypes.sizeof(ftype) == ctypes.sizeof(ltype), where
+            assert name.lstrip("_") == lname.lstrip("_"), where
