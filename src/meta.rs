@@ -481,6 +481,10 @@ impl Columns {
     pub fn column(&self, name: &str) -> Option<&Column> {
         self.by_name.get(name).map(|&i| &self.cols[i])
     }
+    /// The index of a field's column in [`Columns::columns`] (None: no memory has the field).
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
     /// The code of an interned string (None: no memory has ever stored it).
     pub fn code_of(&self, s: &str) -> Option<u32> {
         self.codes.get(s).copied()

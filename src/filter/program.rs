@@ -17,7 +17,7 @@
 //! expression that reads one, and the caller evaluates it with [`super::eval`].
 
 use super::{cmp_i64_f64, ord_ok, Cmp, Expr};
-use crate::meta::{ColumnData, Columns, FieldType, Value};
+use crate::meta::{Column, ColumnData, Columns, FieldType, Value};
 
 /// Always false.
 pub const P_FALSE: u32 = 0;
@@ -81,7 +81,7 @@ struct Builder<'a> {
     max_depth: usize,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
     fn push(&mut self, op: u32, col: u32, a: u32, b: u32) {
         self.p.ins.push(Ins { op, col, a, b });
         match op {
@@ -92,6 +92,11 @@ impl Builder<'_> {
                 self.max_depth = self.max_depth.max(self.depth);
             }
         }
+    }
+    /// A field's column and its index (the `col` of an instruction).
+    fn col(&self, f: &str) -> Option<(u32, &'a Column)> {
+        let i = self.cols.position(f)?;
+        Some((i as u32, &self.cols.columns()[i]))
     }
     fn konst(&mut self, v: bool) {
         self.push(if v { P_TRUE } else { P_FALSE }, 0, 0, 0);
@@ -130,11 +135,10 @@ impl Builder<'_> {
 
     /// One comparison `field op v` (op ≠ Ne), as `super::cmp_rows` defines it.
     fn cmp(&mut self, op: Cmp, f: &str, v: &Value) -> Option<()> {
-        let Some((ci, col)) = self.cols.columns().iter().enumerate().find(|(_, c)| c.name == f) else {
+        let Some((ci, col)) = self.col(f) else {
             self.konst(false);
             return Some(());
         };
-        let ci = ci as u32;
         match (col.ty, v) {
             (FieldType::Tags, _) => return None,
             (FieldType::Keyword, Value::Keyword(s)) => {
@@ -260,12 +264,11 @@ impl Builder<'_> {
             Expr::Cmp(op, f, v) => self.cmp(*op, f, v)?,
             Expr::Contains(f, v) => self.cmp(Cmp::Eq, f, v)?,
             Expr::In(neg, f, vs) => {
-                let col = self.cols.column(f);
-                if col.is_some_and(|c| c.ty == FieldType::Tags) {
+                let col = self.col(f);
+                if col.is_some_and(|(_, c)| c.ty == FieldType::Tags) {
                     return None;
                 }
-                if col.is_some_and(|c| c.ty == FieldType::Keyword) {
-                    let ci = self.cols.columns().iter().position(|c| c.name == *f).unwrap_or(0) as u32;
+                if let Some((ci, _)) = col.filter(|(_, c)| c.ty == FieldType::Keyword) {
                     let codes = vs
                         .iter()
                         .filter_map(|v| match v {
@@ -286,10 +289,10 @@ impl Builder<'_> {
                     self.push(P_NOT, 0, 0, 0);
                 }
             }
-            Expr::Exists(f) => match self.cols.columns().iter().position(|c| c.name == *f) {
+            Expr::Exists(f) => match self.col(f) {
                 None => self.konst(false),
-                Some(_) if self.cols.column(f).is_some_and(|c| c.ty == FieldType::Tags) => return None,
-                Some(ci) => self.push(P_EXISTS, ci as u32, 0, 0),
+                Some((_, c)) if c.ty == FieldType::Tags => return None,
+                Some((ci, _)) => self.push(P_EXISTS, ci, 0, 0),
             },
         }
         Some(())
