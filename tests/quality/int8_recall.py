@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Recall@10 of the int8 scan against exact search on real embeddings, and CPU latency of both.
 
-Input: the embeddings of tests/quality/make_embeddings.py (float32, unit rows). The last
+Input: the embeddings of tests/quality/make_embeddings.py, or of make_bundle.py + embed_torch.py
+on a GPU machine (the same file: float32, unit rows; see make_embeddings.py). The last
 `--queries` rows (default 2000) are held out as queries, the rest is the table (>= 100k rows for
 the documented run).
 

