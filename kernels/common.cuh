@@ -6,7 +6,9 @@
 // headers: NVRTC needs none).
 //
 //   DIM     vector dimension
-//   DTYPE   0 = f32, 1 = f16, 2 = bf16 table storage
+//   DTYPE   0 = f32, 1 = f16, 2 = bf16 table storage; 3 = the int8 scan's codes (scan = "int8":
+//           scan.cu only, dimensions whose query slice fits in registers; rows of DP signed
+//           bytes with a per-row scale in Table::rscale, queries passed as their integer codes)
 //   METRIC  0 = ip (cosine rows are stored normalised and compile as ip), 2 = l2 (squared distance)
 //
 // Ranking uses a 32-bit "key" per row: the float score mapped to an unsigned integer whose
@@ -84,6 +86,7 @@ struct Table {
     const u64* created;
     const u64* expires;
     const u32* mask;         // metadata filter: bit r set = row r may match; NULL = no filter
+    const float* rscale;     // DTYPE 3: each row's scale (x ~ rscale * code); else unused
 };
 
 __device__ __forceinline__ u32 f2key(float f) {
@@ -128,6 +131,19 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
+}
+
+#if DTYPE == 3 && !QREG
+#error "the int8 scan needs the query slice in registers (Geometry::of_codes(dim).qreg)"
+#endif
+
+// Dot product of 16 signed bytes with 16 packed query codes, accumulated exactly in 32 bits.
+__device__ __forceinline__ int dot16i(uint4 v, const u32* q, int acc) {
+    asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.x), "r"(q[0]));
+    asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.y), "r"(q[1]));
+    asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.z), "r"(q[2]));
+    asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.w), "r"(q[3]));
+    return acc;
 }
 
 // Dot product of one 16-byte vector of stored elements with VEC query values.
@@ -186,6 +202,11 @@ __device__ __forceinline__ float l2_score(float dot, float qnorm, float norm) {
 // applying recency, the namespace filter and expiry. `sns` is the filter in shared memory.
 __device__ __forceinline__ u32 make_key(float dot, float qnorm, u32 row, const Params& P, const Table& T,
                                         const u64* sns) {
+#if DTYPE == 3
+    // The int8 scan's approximate dot product: the integer sum times both scales, multiplied
+    // in the order of the CPU engine's (src/engine/cpu/mod.rs, score_rows).
+    dot = dot * (P.qscale * T.rscale[row]);
+#endif
 #if METRIC == 2
     float s = l2_score(dot, qnorm, T.norms[row]);
 #else

@@ -42,7 +42,24 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     const u32 n = P.n, b = blockIdx.x;
     const u32 r0 = min(n, b * P.chunk), r1 = min(n, r0 + P.chunk);
     const int lane = t & (GS - 1);
-#if HALF2_DOT
+#if DTYPE == 3
+    // The query's integer codes (passed as floats), packed four to a word.
+    u32 qi[NCH][4];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        int vi = c * GS + lane;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u32 w = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int x = (vi < NV) ? (int)qg[vi * VEC + 4 * e + j] : 0;
+                w |= ((u32)x & 0xffu) << (8 * j);
+            }
+            qi[c][e] = w;
+        }
+    }
+#elif HALF2_DOT
     const float qinv = 1.0f / P.qscale;
     u32 qh[NCH][4];
 #pragma unroll
@@ -92,6 +109,17 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             for (int c = 0; c < NCH; c++) v[u][c] = nxt[u][c];
         load_rows(nxt, wb + wstep);
         float acc[RU];
+#if DTYPE == 3
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            int a = 0;
+#pragma unroll
+            for (int c = 0; c < NCH; c++) a = dot16i(v[u][c], qi[c], a);
+#pragma unroll
+            for (int o = GS / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o, GS);
+            acc[u] = (float)a;
+        }
+#else
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             float a = 0.0f;
@@ -117,6 +145,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
 #pragma unroll
             for (int o = GS / 2; o > 0; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o, GS);
         }
+#endif
         if (lane == 0) {
 #pragma unroll
             for (int u = 0; u < RU; u++) {

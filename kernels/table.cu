@@ -42,6 +42,31 @@ extern "C" __global__ void scatter_rows(const u32* __restrict__ rows, const floa
     }
 }
 
+// The int8 scan's copy (scan = "int8"): each staged row quantized as src/engine/quant.rs does
+// it (per-row symmetric scale s = max|x| / 127, codes round(x * (127 / max|x|)) clamped to
+// +-127; a zero or non-finite maximum gives scale 0 and zero codes), into rows of dp8 bytes
+// (zero padded). One warp per row.
+extern "C" __global__ void quantize_rows(const u32* __restrict__ rows, const float* __restrict__ src, u32 m,
+                                         u32 dp8, signed char* codes, float* scales) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 nw = (gridDim.x * blockDim.x) >> 5;
+    for (u32 j = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; j < m; j += nw) {
+        const float* x = src + (size_t)j * DIM;
+        float mx = 0.0f;
+        for (u32 c = lane; c < DIM; c += 32) mx = fmaxf(mx, fabsf(x[c]));
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const bool zero = !(mx > 0.0f) || mx == __int_as_float(0x7f800000);
+        const float inv = zero ? 0.0f : __fdiv_rn(127.0f, mx);
+        signed char* o = codes + (size_t)rows[j] * dp8;
+        for (u32 c = lane; c < dp8; c += 32) {
+            const float v = c < DIM ? x[c] : 0.0f;
+            const float q = zero ? 0.0f : fminf(fmaxf(roundf(__fmul_rn(v, inv)), -127.0f), 127.0f);
+            o[c] = (signed char)(int)q;
+        }
+        if (lane == 0) scales[rows[j]] = zero ? 0.0f : __fdiv_rn(mx, 127.0f);
+    }
+}
+
 // Batches whose queries were copied to the device straight from the client's slot (which the
 // client could change during the copy): checks the device copy, the one every later kernel
 // reads. One warp per query: bad[0] = the smallest flat index of a non-finite value (left at
@@ -118,6 +143,31 @@ extern "C" __global__ void col_scatter(const u32* __restrict__ rows, const u64* 
         const u32 r = rows[i];
         dvals[r] = vals[i];
         dhas[r] = has[i];
+    }
+}
+
+// The rows of a very selective filter (filter_eval's list, min(count, cap) of them) gathered
+// into a compact table, which the single-query kernel then scans: each row's nv16 16-byte
+// vectors and its columns.
+extern "C" __global__ void gather_rows(const u32* __restrict__ list, const u32* __restrict__ count, u32 cap, u32 nv16,
+                                       const uint4* __restrict__ svecs, const float* __restrict__ snorms,
+                                       const u64* __restrict__ sids, const u64* __restrict__ sns,
+                                       const u64* __restrict__ screated, const u64* __restrict__ sexpires, uint4* dvecs,
+                                       float* dnorms, u64* dids, u64* dns, u64* dcreated, u64* dexpires) {
+    const u32 m = min(*count, cap);
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t nth = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = tid; i < (size_t)m * nv16; i += nth) {
+        const size_t j = i / nv16, c = i - j * nv16;
+        dvecs[i] = svecs[(size_t)list[j] * nv16 + c];
+    }
+    for (size_t j = tid; j < m; j += nth) {
+        const u32 r = list[j];
+        dnorms[j] = snorms[r];
+        dids[j] = sids[r];
+        dns[j] = sns[r];
+        dcreated[j] = screated[r];
+        dexpires[j] = sexpires[r];
     }
 }
 

@@ -123,7 +123,8 @@ type Options struct {
 	Threads int
 	// GPUMemoryBytes bounds the CUDA engine's memory (default 0 = 90% of free memory).
 	GPUMemoryBytes uint64
-	// ScanInt8 makes the CPU engine scan an 8-bit copy of the table and re-score the best
+	// ScanInt8 makes the engine (the CPU engine, and the CUDA engine for single queries)
+	// scan an 8-bit copy of the table and re-score the best
 	// Rerank candidates of each query exactly (scores stay exact; Stats.RerankUncertain counts
 	// answers that may have missed a true neighbour). Default: the exact scan.
 	ScanInt8 bool

@@ -112,7 +112,7 @@ pub const KALOS_SYNC_INTERVAL: u32 = 1;
 pub const KALOS_SYNC_NEVER: u32 = 2;
 /// Scan: every score exact.
 pub const KALOS_SCAN_EXACT: u32 = 0;
-/// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly (CPU engine).
+/// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly.
 pub const KALOS_SCAN_INT8: u32 = 1;
 /// Largest `kalos_options::rerank`.
 pub const KALOS_MAX_RERANK: u32 = 65536;
@@ -235,8 +235,10 @@ pub struct kalos_options {
     /// the full-precision table, scans the copy, and re-scores the best `rerank` candidates of
     /// each query exactly: scores are exact, and a true neighbour is missed only when its
     /// 8-bit score ranked below the candidates (see `kalos_stats_info::rerank_uncertain`).
-    /// Served by the CPU engine; the CUDA engine scans exactly. A caller whose `struct_size`
-    /// ends before this field gets EXACT.
+    /// The CPU engine serves every request this way; the CUDA engine its single queries of
+    /// dimensions up to 1536 (codes on the device, re-ranked on the host from the f32 rows),
+    /// batches and larger dimensions exactly. A caller whose `struct_size` ends before this
+    /// field gets EXACT.
     pub scan: u32,
     /// Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
     /// max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.

@@ -801,6 +801,92 @@ def suite_filter(n=200_000, dim=64, nexpr=60):
         st.close()
 
 
+def suite_int8(n=100_000, nq=8):
+    """The int8 scan (scan = "int8"): the GPU's answers against the CPU engine's int8 scan of the
+    same rows (the same candidates, re-ranked by the same code: identical ids and scores), and
+    against the float64 reference whenever the server counted the answer certain (the k-th
+    exact score clears the 8-bit error bound of every row left out: provably the exact top-k).
+    Upserts and deletes between queries keep the device codes in step; namespaces, a metadata
+    filter (the scan's mask) and k above the int8 kernel's reach (R > 1024: the GPU's exact scan
+    answers, checked against the stored f16 / f32 values)."""
+    F = _filters_module()
+    for metric, dim, dtype in ((IP, 768, F16), (COSINE, 96, F32), (L2, 200, F16), (COSINE, 1536, F16)):
+        tag = "int8/%s/%s/d=%d" % (["ip", "cos", "l2"][metric], ["f32", "f16", "bf16"][dtype], dim)
+        st = open_store(dim, metric, dtype=dtype, scan=1)
+        cpu = open_store(dim, metric, dtype=dtype, scan=1, backend=CPU)
+        ref = Ref(dim, metric)
+        m = n if dim < 1000 else n // 4
+        # Clustered rows (near-duplicates are where an 8-bit score ranks a neighbour wrongly).
+        C = rng.standard_normal((m // 50, dim)).astype(np.float32)
+        X = C[rng.integers(0, len(C), m)] + 0.3 * rng.standard_normal((m, dim)).astype(np.float32)
+        ids = rng.permutation(np.arange(1, 3 * m + 1, dtype=np.uint64))[:m]
+        ns = rng.integers(1, 5, m).astype(np.uint64)
+        num = rng.integers(0, 1000, m)
+        batch = max(1, (3 << 20) // (dim * 4 + 64))
+        for s0 in range(0, m, batch):
+            sl = slice(s0, s0 + batch)
+            fb = F.encode_fields([{"n": int(v)} for v in num[sl]])
+            st.upsert(ids[sl], X[sl], ns[sl], fields=fb)
+            cpu.upsert(ids[sl], X[sl], ns[sl], fields=fb)
+        ref.upsert(ids, X, ns, t=time.time() * 1000)
+        sts = st.stats()
+        name = sts.engine_name.decode()
+        record(tag + "/engine", sts.engine == CUDA and ("int8" in name) == (dim <= 1536), engine=name)
+        certain = uncertain = 0
+        for round_ in range(3):
+            for qi in range(nq):
+                q = (X[rng.integers(0, m)] + 0.5 * rng.standard_normal(dim)).astype(np.float32)
+                for k, nsf, filt, mask in ((10, None, None, None), (1, None, None, None), (100, None, None, None),
+                                           (10, [2, 3], None, np.isin(ref.ns, [2, 3])),
+                                           (10, None, F.lt("n", 100), None), (1024, None, None, None)):
+                    fbytes = None if filt is None else filt.encode()
+                    if filt is not None:
+                        order = np.argsort(ids)
+                        mask = num[order][np.searchsorted(ids[order], ref.ids)] < 100
+                    before = st.stats()
+                    got = st.recall(q, k, namespaces=nsf, filter=fbytes)
+                    after = st.stats()
+                    want = cpu.recall(q, k, namespaces=nsf, filter=fbytes)
+                    t = "%s/r%d/q%d/k=%d%s%s" % (tag, round_, qi, k, "/ns" if nsf else "", "/filter" if filt is not None else "")
+                    du = after.rerank_uncertain - before.rerank_uncertain
+                    dq = after.rerank_queries - before.rerank_queries
+                    if k == 1024:
+                        # R = 8192: the exact scan of the GPU's table answers (the CPU engine's
+                        # int8 scan has no such limit, so the two differ by design).
+                        record(t + "/exact-path", dq == 0, reranked=int(dq))
+                        check(t + "/exact", ref, q, got, k, mask=mask, s=ref.scores(q, as_stored(ref.X, dtype)),
+                              tol=None if dtype == F32 else 2e-3 * (1 + float(np.abs(got[1]).max(initial=0))))
+                        continue
+                    same = np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1], rtol=0, atol=1e-6 * (1 + np.abs(want[1]).max(initial=0)))
+                    record(t + "/same-as-cpu", same, got=got[0][:5].tolist(), want=want[0][:5].tolist())
+                    record(t + "/int8-path", dq == 1, reranked=int(dq))
+                    if du == 0:
+                        certain += 1
+                        check(t + "/exact", ref, q, got, k, mask=mask)
+                    else:
+                        uncertain += 1
+            # Writes between rounds: replace a tenth of the rows, delete a few, add new ones.
+            sel = rng.choice(len(ref.ids), len(ref.ids) // 10, replace=False)
+            up = ref.ids[sel]
+            Xu = (ref.X[sel] + 0.5 * rng.standard_normal((len(sel), dim))).astype(np.float32)
+            nsu = ref.ns[sel]
+            for s0 in range(0, len(up), batch):
+                sl = slice(s0, s0 + batch)
+                fb = F.encode_fields([{"n": 5}] * len(up[sl]))
+                st.upsert(up[sl], Xu[sl], nsu[sl], fields=fb)
+                cpu.upsert(up[sl], Xu[sl], nsu[sl], fields=fb)
+            ref.upsert(up, Xu, nsu, t=time.time() * 1000)
+            num[np.isin(ids, up)] = 5
+            gone = ref.ids[rng.choice(len(ref.ids), 50, replace=False)]
+            st.delete(gone)
+            cpu.delete(gone)
+            ref.delete(gone)
+        record(tag + "/certain-share", certain >= 0.5 * (certain + uncertain), certain=certain, uncertain=uncertain)
+        print("INFO", tag, json.dumps(dict(certain=certain, uncertain=uncertain, engine=name)), flush=True)
+        st.close()
+        cpu.close()
+
+
 def main():
     which = sys.argv[1:] or ["all"]
     t0 = time.time()
@@ -824,6 +910,7 @@ def main():
         ("oom", suite_oom),
         ("fault", suite_fault_and_auto),
         ("filter", suite_filter),
+        ("int8", suite_int8),
     ]
     for nm, fn in steps:
         if "all" in which or nm in which:

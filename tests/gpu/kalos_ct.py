@@ -24,7 +24,7 @@ class Options(C.Structure):
         ("client_spin_ns", C.c_uint64), ("server_spin_ns", C.c_uint64), ("timeout_ms", C.c_uint64),
         ("heartbeat_timeout_ms", C.c_uint64), ("data_dir", C.c_char_p), ("sync_policy", C.c_uint32),
         ("threads", C.c_uint32), ("sync_interval_ms", C.c_uint64), ("gpu_memory_bytes", C.c_uint64),
-        ("ephemeral", C.c_uint32),
+        ("ephemeral", C.c_uint32), ("scan", C.c_uint32), ("rerank", C.c_uint32),
     ]
 
 
@@ -56,6 +56,7 @@ class StatsInfo(C.Structure):
         ("p50_ns", C.c_uint64), ("p99_ns", C.c_uint64), ("queue_depth", C.c_uint64), ("server_pid", C.c_uint64),
         ("epoch", C.c_uint64), ("payload_bytes", C.c_uint64), ("uptime_ms", C.c_uint64),
         ("engine_fallbacks", C.c_uint64), ("engine_name", C.c_char * 48), ("fallback_reason", C.c_char * 256),
+        ("rerank_queries", C.c_uint64), ("rerank_uncertain", C.c_uint64),
     ]
 
 
@@ -89,13 +90,14 @@ class KalosError(Exception):
 class Store:
     def __init__(self, lib, name, dim=0, metric=COSINE, dtype=F32, backend=CUDA, role=ROLE_SERVER,
                  capacity=1 << 20, slots=32, slot_bytes=1 << 22, gpu_memory_bytes=0, server_spin_ns=2_000_000,
-                 client_spin_ns=200_000, timeout_ms=60_000):
+                 client_spin_ns=200_000, timeout_ms=60_000, scan=0, rerank=0):
         self.lib = lib
         o = Options()
         lib.kalos_options_init(C.byref(o), C.sizeof(o))
         o.role, o.dim, o.metric, o.dtype, o.backend = role, dim, metric, dtype, backend
         o.capacity, o.slots, o.slot_bytes, o.gpu_memory_bytes = capacity, slots, slot_bytes, gpu_memory_bytes
         o.server_spin_ns, o.client_spin_ns, o.timeout_ms = server_spin_ns, client_spin_ns, timeout_ms
+        o.scan, o.rerank = scan, rerank
         o.max_payload_bytes = min(o.max_payload_bytes, slot_bytes // 2)
         h = C.c_void_p()
         self._check(lib.kalos_open(name.encode(), C.byref(o), C.byref(h)))

@@ -3,7 +3,7 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi]...
+# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi|filter|int8]...
 # (default: all but breakdown, concurrency and multi). Logs go to $OUT.
 # doctor: kalosd doctor, a compile of every kernel variant with the machine's own NVRTC
 # (kalosd doctor --compile), and kalosd serve --backend cuda answering a recall.
@@ -14,6 +14,10 @@
 # its header); $OUT/concurrency.json and concurrency.png.
 # multi: multi_bench.py, one client sending batches of Q = 1..64 queries, the cost of each Q
 # against one query, torch on the same table beside it (MB_* settings in its header).
+# filter: filter_bench.py, 1M x 768 f16 recalls under filters matching 50% .. 0.01% of rows,
+# torch mask-then-topk beside them, and the engine's filtered-search phases (FB_ARGS).
+# int8: int8_bench.py, the int8 scan against the exact scan and torch at 1M x 768 f16 (INT8_ARGS);
+# with embed/ staged (tests/quality/make_bundle.py), real-embedding recall through the GPU too.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
@@ -33,6 +37,7 @@ cd "$HERE"
 head -3 "$OUT/env.txt"
 RC=0
 D_RES="not run"; C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"; N_RES="not run"; M_RES="not run"
+F_RES="not run"; I_RES="not run"
 if [[ " $WHAT " == *" doctor "* ]]; then
   ./kalosd doctor --compile > "$OUT/doctor.log" 2>&1; r=$?
   grep -vE "^FAIL|^ " "$OUT/doctor.log" | head -12
@@ -102,6 +107,16 @@ if [[ " $WHAT " == *" multi "* ]]; then
   grep -vE "^READY" "$OUT/multi_bench.log" | cut -c1-300 | tail -24
   M_RES="rc=$r"; [ $r -ne 0 ] && RC=1
 fi
+if [[ " $WHAT " == *" filter "* ]]; then
+  timeout ${T_FILTER:-200} python3 filter_bench.py ${FB_ARGS:---backend cuda --n 1000000 --dim 768 --dtype f16 --queries 500} > "$OUT/filter_bench.log" 2>&1; r=$?
+  grep -E "^(\||engine)|filtered searches|Error" "$OUT/filter_bench.log" | cut -c1-300
+  F_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
+if [[ " $WHAT " == *" int8 "* ]]; then
+  timeout ${T_INT8:-300} python3 int8_bench.py ${INT8_ARGS:---n 1000000 --dim 768} > "$OUT/int8_bench.log" 2>&1; r=$?
+  grep -E "^(\||int8 bench)|Error|Traceback" "$OUT/int8_bench.log" | cut -c1-300
+  I_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
 echo "== summary =="
 echo "doctor:      $D_RES"
 echo "correctness: $C_RES"
@@ -110,4 +125,6 @@ echo "bench:       $B_RES"
 echo "C harness:   $H_RES"
 echo "concurrency: $N_RES"
 echo "multi:       $M_RES"
+echo "filter:      $F_RES"
+echo "int8:        $I_RES"
 exit $RC

@@ -93,9 +93,14 @@ def simulate(table, queries, truth, rs):
     return res
 
 
+# Engine of the stores (--backend, --dtype): the CPU engine by default.
+STORE = {"backend": "cpu", "dtype": "f32"}
+
+
 def open_store(kalos, tag, dim, n, scan, rerank=None):
     name = f"q8-{tag}-{os.getpid()}"
-    return kalos.open(name, dim=dim, metric="ip", role="server", backend="cpu", scan=scan, rerank=rerank, capacity=n + 16, ephemeral=True, timeout=60)
+    return kalos.open(name, dim=dim, metric="ip", role="server", backend=STORE["backend"], dtype=STORE["dtype"], scan=scan,
+                      rerank=rerank, capacity=n + 16, ephemeral=True, timeout=60)
 
 
 def fill(store, table):
@@ -122,10 +127,15 @@ def distribution(recalls):
 
 def binding_recall(kalos, table, queries, rs):
     dim = table.shape[1]
-    ex = open_store(kalos, "exact", dim, len(table), "exact")
-    fill(ex, table)
-    truth = [ids_of(ex.recall(q, K)) for q in queries]
-    ex.close()
+    if STORE["backend"] == "cpu":
+        ex = open_store(kalos, "exact", dim, len(table), "exact")
+        fill(ex, table)
+        truth = [ids_of(ex.recall(q, K)) for q in queries]
+        ex.close()
+    else:
+        # A GPU store's exact scan scores its f16 / bf16 copy; the int8 scan re-ranks with the
+        # f32 rows: the reference is the f32 top-k (numpy).
+        truth = exact_topk(table, queries, K).tolist()
     out = {}
     for r in rs:
         st = open_store(kalos, f"int8-{r}", dim, len(table), "int8", rerank=r)
@@ -198,7 +208,10 @@ def main():
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--latency-random", type=int, default=0, metavar="N", help="time on N random unit vectors (dim of --npy) instead of the embeddings")
     ap.add_argument("--out", default=os.path.join(HERE, ".cache", "int8_recall.json"))
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu", help="engine of the stores (cuda: the GPU's int8 scan)")
+    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32", help="the stores' dtype (the GPU table's storage)")
     args = ap.parse_args()
+    STORE.update(backend=args.backend, dtype=args.dtype)
 
     table, queries = load(args.npy, args.queries)
     print(f"table {table.shape}, {len(queries)} held-out queries", flush=True)

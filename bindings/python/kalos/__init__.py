@@ -973,7 +973,8 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
             exactly as long as the process that runs its server.
         sync: WAL policy ``"always"``, ``"interval"`` or ``"never"``; ``sync_interval`` in s.
         scan: ``"exact"`` (default) or ``"int8"``: scan an 8-bit copy of the table and
-            re-score the best ``rerank`` candidates of each query exactly (CPU engine; scores
+            re-score the best ``rerank`` candidates of each query exactly (the CPU engine, and
+            the CUDA engine for single queries; scores
             stay exact; ``stats()["rerank_uncertain"]`` counts answers that may have missed a
             true neighbour).
         rerank: candidates re-scored per query with ``scan="int8"`` (default: max(8k, 64)).

@@ -388,46 +388,78 @@ impl CpuEngine {
     /// the candidates), and the best `req.k` go to `out`. Counts uncertain answers
     /// ([`quant::rerank`]).
     fn rerank_into(&mut self, store: &Store, req: &SearchRequest<'_>, kscan: usize, out: &mut [Vec<Hit>]) {
-        let (dim, metric, nq) = (store.dim(), store.metric(), req.nq);
-        let l2 = metric == Metric::L2;
-        let (vectors, norms, created) = (store.vectors(), store.norms(), store.created_ms());
-        let (isa, scan_isa) = (self.isa, self.scan_isa);
-        for (qi, o) in out.iter_mut().enumerate().take(nq) {
+        for (qi, o) in out.iter_mut().enumerate().take(req.nq) {
             let top = &mut self.workers[0].tops[qi];
             let full = top.len() == kscan;
             let floor = top.threshold();
             self.cands.clear();
             self.cands.extend(top.sorted().into_iter().map(|(_, id)| (store.row_of(id).expect("candidate id in the store") as u32, id)));
-            let q = &req.queries[qi * dim..(qi + 1) * dim];
-            let bound = quant::key_bound(metric, req.recency, self.qcodes[qi].bound(dim, &self.quant.stats));
-            let qnorm = if l2 { self.qnorms[qi] } else { 0.0 };
-            let exact_key = |rows: &[u32], keys: &mut [f32]| {
-                // The exact scan's arithmetic: a lone query streams rows (L2 as Σ(q−x)²), a batch
-                // uses the tile kernel (L2 as |q|² − 2q·x + |x|²).
-                if nq == 1 {
-                    scores(scan_isa, l2, q, vectors, dim, Rows::Idx(rows), keys);
-                    if l2 {
-                        keys.iter_mut().for_each(|s| *s = -*s);
-                    }
-                } else {
-                    gemm(isa, q, 1, vectors, dim, Rows::Idx(rows), keys);
-                    if l2 {
-                        for (s, &r) in keys.iter_mut().zip(rows) {
-                            *s = -(qnorm - 2.0 * *s + norms[r as usize]).max(0.0);
-                        }
-                    }
-                }
-                if let Some(rc) = req.recency {
-                    for (s, &r) in keys.iter_mut().zip(rows) {
-                        *s = (1.0 - rc.weight) * *s + rc.weight * recency_boost(req.now_ms, created[r as usize], rc.half_life_ms);
-                    }
-                }
-            };
-            let uncertain = quant::rerank(&self.cands, req.k, quant::Cut { full, floor, bound }, &mut self.rr, exact_key);
-            self.rr.top.drain_hits_into(metric, o);
-            self.reranked += 1;
-            self.uncertain += uncertain as u64;
+            self.rerank_one(store, req, qi, full, floor, o);
         }
+    }
+
+    /// Quantizes a single query for the int8 scan (kept for [`CpuEngine::rerank_candidates`]).
+    pub(crate) fn query_code(&mut self, q: &[f32]) -> &QueryCode {
+        if self.qcodes.is_empty() {
+            self.qcodes.push(QueryCode::default());
+        }
+        self.qcodes[0].set(q);
+        &self.qcodes[0]
+    }
+
+    /// The re-ranking step for candidates another engine found (the GPU's int8 scan) for the
+    /// single query `q` of `req`, quantized last by [`CpuEngine::query_code`]: `cands` are
+    /// the best rows by approximate score (`full`: some matching row was left out, and every
+    /// row left out had at most the approximate key `floor`). The best `req.k` go to `out`.
+    pub(crate) fn rerank_candidates(
+        &mut self,
+        store: &Store,
+        req: &SearchRequest<'_>,
+        cands: &[Hit],
+        full: bool,
+        floor: f32,
+        out: &mut Vec<Hit>,
+    ) {
+        self.cands.clear();
+        self.cands.extend(cands.iter().filter_map(|h| store.row_of(h.id).map(|r| (r as u32, h.id))));
+        self.rerank_one(store, req, 0, full, floor, out);
+    }
+
+    /// Re-ranks `self.cands`, query `qi`'s candidates (row, id), into `o`.
+    fn rerank_one(&mut self, store: &Store, req: &SearchRequest<'_>, qi: usize, full: bool, floor: f32, o: &mut Vec<Hit>) {
+        let (dim, metric, nq) = (store.dim(), store.metric(), req.nq);
+        let l2 = metric == Metric::L2;
+        let (vectors, norms, created) = (store.vectors(), store.norms(), store.created_ms());
+        let (isa, scan_isa) = (self.isa, self.scan_isa);
+        let q = &req.queries[qi * dim..(qi + 1) * dim];
+        let bound = quant::key_bound(metric, req.recency, self.qcodes[qi].bound(dim, &self.quant.stats));
+        let qnorm = if l2 && nq > 1 { self.qnorms[qi] } else { 0.0 };
+        let exact_key = |rows: &[u32], keys: &mut [f32]| {
+            // The exact scan's arithmetic: a lone query streams rows (L2 as Σ(q−x)²), a batch
+            // uses the tile kernel (L2 as |q|² − 2q·x + |x|²).
+            if nq == 1 {
+                scores(scan_isa, l2, q, vectors, dim, Rows::Idx(rows), keys);
+                if l2 {
+                    keys.iter_mut().for_each(|s| *s = -*s);
+                }
+            } else {
+                gemm(isa, q, 1, vectors, dim, Rows::Idx(rows), keys);
+                if l2 {
+                    for (s, &r) in keys.iter_mut().zip(rows) {
+                        *s = -(qnorm - 2.0 * *s + norms[r as usize]).max(0.0);
+                    }
+                }
+            }
+            if let Some(rc) = req.recency {
+                for (s, &r) in keys.iter_mut().zip(rows) {
+                    *s = (1.0 - rc.weight) * *s + rc.weight * recency_boost(req.now_ms, created[r as usize], rc.half_life_ms);
+                }
+            }
+        };
+        let uncertain = quant::rerank(&self.cands, req.k, quant::Cut { full, floor, bound }, &mut self.rr, exact_key);
+        self.rr.top.drain_hits_into(metric, o);
+        self.reranked += 1;
+        self.uncertain += uncertain as u64;
     }
 
     /// Number of workers for a scan of `rows` rows of `dim` values by `nq` queries.

@@ -105,7 +105,16 @@ pub struct Geometry {
 
 impl Geometry {
     pub fn of(dim: usize, dtype: Dtype) -> Geometry {
-        let vec = if dtype == Dtype::F32 { 4 } else { 8 };
+        Geometry::with_vec(dim, if dtype == Dtype::F32 { 4 } else { 8 })
+    }
+
+    /// The int8 scan's codes (16 per 16-byte load). The GPU int8 scan serves the dimensions
+    /// whose geometry holds the query slice in registers (`qreg`: up to 1536).
+    pub fn of_codes(dim: usize) -> Geometry {
+        Geometry::with_vec(dim, 16)
+    }
+
+    fn with_vec(dim: usize, vec: usize) -> Geometry {
         let dp = dim.div_ceil(vec) * vec;
         let nv = dp / vec;
         let gs = match nv {
@@ -140,13 +149,16 @@ pub struct KernelSpec {
     pub metric: Metric,
     /// Per-request phase timestamps (`KALOS_PROF=1`).
     pub prof: bool,
+    /// The int8 scan's single-query kernels (scan.cu over int8 codes, `DTYPE` 3); `dtype` is
+    /// then the store's and unused by the kernel.
+    pub codes: bool,
 }
 
 impl KernelSpec {
     /// The NVRTC options for this specialisation: the target, the shared constants, the
     /// dimension's geometry, dtype and metric.
     pub fn options(&self) -> Vec<String> {
-        let g = Geometry::of(self.dim, self.dtype);
+        let g = if self.codes { Geometry::of_codes(self.dim) } else { Geometry::of(self.dim, self.dtype) };
         // The kernels tell only l2 apart: cosine rows are stored normalised and scored as ip.
         let metric = if self.metric == Metric::L2 { 2 } else { 0 };
         let defines: [(&str, u64); 26] = [
@@ -167,7 +179,7 @@ impl KernelSpec {
             ("MQ_MAXQ", MQ_MAXQ as u64),
             ("MQ_OUT_STRIDE", MQ_OUT_STRIDE as u64),
             ("DIM", self.dim as u64),
-            ("DTYPE", self.dtype as u64),
+            ("DTYPE", if self.codes { 3 } else { self.dtype as u64 }),
             ("METRIC", metric),
             ("VEC", g.vec as u64),
             ("DP", g.dp as u64),
@@ -191,7 +203,14 @@ impl KernelSpec {
 
     /// A short label for reports: "sm_90 f16 l2 dim=768".
     pub fn label(&self) -> String {
-        format!("{} {} {} dim={}{}", self.arch, self.dtype.name(), self.metric.name(), self.dim, if self.prof { " prof" } else { "" })
+        format!(
+            "{} {} {} dim={}{}",
+            self.arch,
+            if self.codes { "int8" } else { self.dtype.name() },
+            self.metric.name(),
+            self.dim,
+            if self.prof { " prof" } else { "" }
+        )
     }
 }
 
@@ -199,9 +218,19 @@ impl KernelSpec {
 /// of its class, whose unrolled loops need the most registers. Compiling these compiles every
 /// code path a dimension can select.
 pub fn dim_classes(dtype: Dtype) -> Vec<usize> {
+    classes_of(|d| Some(Geometry::of(d, dtype)))
+}
+
+/// As [`dim_classes`], for the int8 scan's kernels (the dimensions it serves on the GPU).
+pub fn code_dim_classes() -> Vec<usize> {
+    classes_of(|d| Some(Geometry::of_codes(d)).filter(|g| g.qreg))
+}
+
+fn classes_of(geo: impl Fn(usize) -> Option<Geometry>) -> Vec<usize> {
     let mut last: Vec<((usize, bool, bool, bool), usize)> = Vec::new();
     for dim in 1..=MAX_GPU_DIM {
-        let c = Geometry::of(dim, dtype).class();
+        let Some(g) = geo(dim) else { continue };
+        let c = g.class();
         match last.iter_mut().find(|e| e.0 == c) {
             Some(e) => e.1 = dim,
             None => last.push((c, dim)),
@@ -224,14 +253,25 @@ pub fn all_variants(archs: &[String]) -> Vec<(Module, KernelSpec)> {
                 let dims = if module.by_geometry { dim_classes(dtype) } else { vec![1, MAX_GPU_DIM] };
                 for metric in [Metric::InnerProduct, Metric::L2] {
                     for &dim in &dims {
-                        v.push((module, KernelSpec { arch: arch.clone(), dim, dtype, metric, prof: false }));
+                        v.push((module, KernelSpec { arch: arch.clone(), dim, dtype, metric, prof: false, codes: false }));
                     }
                 }
                 if module.profiled {
-                    v.push((module, KernelSpec { arch: arch.clone(), dim: 768, dtype, metric: Metric::InnerProduct, prof: true }));
+                    let spec = KernelSpec { arch: arch.clone(), dim: 768, dtype, metric: Metric::InnerProduct, prof: true, codes: false };
+                    v.push((module, spec));
                 }
             }
         }
+        // The int8 scan: the scan module over codes (the store's dtype does not enter it).
+        for metric in [Metric::InnerProduct, Metric::L2] {
+            for dim in code_dim_classes() {
+                v.push((SCAN, KernelSpec { arch: arch.clone(), dim, dtype: Dtype::F16, metric, prof: false, codes: true }));
+            }
+        }
+        v.push((
+            SCAN,
+            KernelSpec { arch: arch.clone(), dim: 768, dtype: Dtype::F16, metric: Metric::InnerProduct, prof: true, codes: true },
+        ));
     }
     v
 }
@@ -396,6 +436,22 @@ mod tests {
     }
 
     #[test]
+    fn code_classes_cover_every_register_geometry() {
+        let g = Geometry::of_codes(768);
+        assert_eq!((g.vec, g.dp, g.nv, g.gs, g.nch, g.qreg, g.byval), (16, 768, 48, 32, 2, true, true));
+        assert!(Geometry::of_codes(1536).qreg && !Geometry::of_codes(1537).qreg);
+        let dims = code_dim_classes();
+        let covered: std::collections::HashSet<_> = dims.iter().map(|&d| Geometry::of_codes(d).class()).collect();
+        let all: std::collections::HashSet<_> = (1..=MAX_GPU_DIM).map(Geometry::of_codes).filter(|g| g.qreg).map(|g| g.class()).collect();
+        assert_eq!(covered, all);
+        assert_eq!(*dims.last().unwrap(), 1536);
+        let v = all_variants(&["sm_90".to_string()]);
+        for metric in [Metric::InnerProduct, Metric::L2] {
+            assert!(v.iter().any(|(m, s)| *m == SCAN && s.codes && s.metric == metric && s.dim == 1536));
+        }
+    }
+
+    #[test]
     fn every_module_includes_the_common_header() {
         for m in MODULES {
             assert!(m.src.contains("#include \"common.cuh\""), "{}", m.name);
@@ -408,7 +464,7 @@ mod tests {
 
     #[test]
     fn options_define_every_shared_constant_once() {
-        let s = KernelSpec { arch: "sm_90".into(), dim: 768, dtype: Dtype::F16, metric: Metric::Cosine, prof: false };
+        let s = KernelSpec { arch: "sm_90".into(), dim: 768, dtype: Dtype::F16, metric: Metric::Cosine, prof: false, codes: false };
         let o = s.options();
         assert!(o.contains(&"--gpu-architecture=sm_90".to_string()));
         assert!(o.contains(&"-DMETRIC=0".to_string()), "cosine compiles as ip");

@@ -4,13 +4,17 @@
 //! scan kernel reads through `Table::mask` (docs/GPU.md, "Metadata filters").
 //!
 //! A filter that lets through at most one row in [`SPARSE_DIV`] (and at most [`LIST_CAP`]
-//! rows) is not scanned for: its rows come back to the host and the CPU engine scores only
-//! them. A filter on a tags field has no cell form and runs wholly on the CPU engine.
+//! rows) is not scanned for: a single query gathers those rows into a compact table on the
+//! device (`gather_rows`) and scans only that; a batch takes them back to the host, where the
+//! CPU engine scores only them. A filter on a tags field has no cell form and runs wholly on
+//! the CPU engine.
 
 use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
+use super::compile::NT;
+use super::table::TableArg;
 use super::{ck, CudaEngine, DevBuf, HostBuf};
 use crate::error::Result;
 use crate::filter::program::{cell, Ins, Program};
@@ -46,6 +50,13 @@ pub(super) struct DevFields {
     h_out: Option<HostBuf>,
     /// `Table::mask` of the kernels launched now: `d_mask` while a filtered search runs, else 0.
     pub(super) active_mask: u64,
+    /// The last evaluation's phases (ns): the kernel with its count read back, the row list
+    /// read back (0 when not read).
+    pub(super) last_ns: [u32; 2],
+    /// The compact table of a sparse filter's rows: vectors, norms, ids, namespaces, created,
+    /// expires, for `sc_cap` rows.
+    sc: [DevBuf; 6],
+    sc_cap: usize,
 }
 
 impl DevFields {
@@ -65,6 +76,9 @@ impl DevFields {
             h_prog: None,
             h_out: None,
             active_mask: 0,
+            last_ns: [0; 2],
+            sc: std::array::from_fn(|_| DevBuf::empty()),
+            sc_cap: 0,
         }
     }
 }
@@ -77,6 +91,8 @@ pub(super) enum FilterPlan {
     Empty,
     /// Few rows match: these (before namespaces and expiry), scored on the CPU.
     Rows(Vec<u32>),
+    /// Few rows match (this many, before namespaces and expiry), listed on the device.
+    Sparse(usize),
     /// The mask holds the matching rows: scan with it.
     Mask,
 }
@@ -178,8 +194,12 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Evaluates `prog` over the table's rows on the GPU: fills the mask and decides the plan.
-    pub(super) fn eval_filter(&mut self, prog: &Program) -> Result<FilterPlan> {
+    /// Evaluates `prog` over the table's rows on the GPU: fills the mask and decides the plan
+    /// (`list_on_host`: a sparse filter's rows come back to the host, else they stay listed on
+    /// the device).
+    pub(super) fn eval_filter(&mut self, prog: &Program, list_on_host: bool) -> Result<FilterPlan> {
+        let t0 = std::time::Instant::now();
+        self.fcols.last_ns = [0; 2];
         let n = self.table.len;
         if self.fcols.d_mask.bytes < n.div_ceil(32) * 4 {
             return Ok(FilterPlan::Cpu);
@@ -261,10 +281,14 @@ impl CudaEngine {
             ck("filter count", sys::cuMemcpyDtoHAsync_v2(hout, self.fcols.d_count.ptr, 4, self.stream))?;
         }
         self.sync_stream()?;
+        self.fcols.last_ns[0] = ns_since(t0);
         let out = self.fcols.h_out.as_mut().expect("allocated above").slice();
         let m = u32::from_le_bytes(out[..4].try_into().expect("4 bytes")) as usize;
         if m == 0 {
             return Ok(FilterPlan::Empty);
+        }
+        if m <= LIST_CAP && m.saturating_mul(SPARSE_DIV) <= n && !list_on_host {
+            return Ok(FilterPlan::Sparse(m));
         }
         if m <= LIST_CAP && m.saturating_mul(SPARSE_DIV) <= n {
             // SAFETY: the first m <= LIST_CAP rows of d_list into h_out past the count.
@@ -279,10 +303,47 @@ impl CudaEngine {
             let mut rows: Vec<u32> =
                 out[4..4 + m * 4].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
             rows.sort_unstable();
+            self.fcols.last_ns[1] = ns_since(t0) - self.fcols.last_ns[0];
             return Ok(FilterPlan::Rows(rows));
         }
         Ok(FilterPlan::Mask)
     }
+}
+
+impl CudaEngine {
+    /// Gathers the `m` rows the last `eval_filter` listed on the device into the compact table
+    /// (grown as needed) and returns its columns for the single-query kernel.
+    pub(super) fn gather_sparse(&mut self, m: usize) -> Result<TableArg> {
+        let row16 = self.dp * self.esize / 16;
+        if self.fcols.sc_cap < m {
+            let cap = m.next_power_of_two();
+            let sizes = [cap * row16 * 16, cap * 4, cap * 8, cap * 8, cap * 8, cap * 8];
+            for (b, bytes) in self.fcols.sc.iter_mut().zip(sizes) {
+                *b = DevBuf::new(bytes, "sparse filter rows")?;
+            }
+            self.fcols.sc_cap = cap;
+            // Graphs of the compact table hold the old buffers' addresses.
+            self.sq.graphs.clear();
+        }
+        let t = self.table_arg();
+        let [v, nr, id, ns, cr, ex] = self.fcols.sc.each_ref().map(|b| b.ptr);
+        let (mut list, mut count, mut cap, mut nv16) = (self.fcols.d_list.ptr, self.fcols.d_count.ptr, m as u32, row16 as u32);
+        let (mut s_v, mut s_n, mut s_i, mut s_ns, mut s_c, mut s_e) = (t.vecs, t.norms, t.ids, t.ns, t.created, t.expires);
+        let (mut d_v, mut d_n, mut d_i, mut d_ns, mut d_c, mut d_e) = (v, nr, id, ns, cr, ex);
+        let mut args = kargs![list, count, cap, nv16, s_v, s_n, s_i, s_ns, s_c, s_e, d_v, d_n, d_i, d_ns, d_c, d_e];
+        let blocks = (m * row16).div_ceil(NT as usize).clamp(1, 1024) as u32;
+        // SAFETY: `args` points at the 16 locals above, gather_rows' parameters in order; the
+        // list holds m <= LIST_CAP rows of the table (filter_eval, this stream), the compact
+        // buffers hold sc_cap >= m rows.
+        ck("launch gather_rows", unsafe {
+            sys::cuLaunchKernel(self.kern.gather_rows, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+        })?;
+        Ok(TableArg { vecs: v, norms: nr, ids: id, ns, created: cr, expires: ex, mask: 0, rscale: 0 })
+    }
+}
+
+fn ns_since(t: std::time::Instant) -> u32 {
+    t.elapsed().as_nanos().min(u32::MAX as u128) as u32
 }
 
 /// The rows of `rows` a request may return (those in its namespaces and not expired), as a

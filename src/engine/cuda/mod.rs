@@ -42,6 +42,7 @@ pub mod compile;
 pub mod device;
 mod fields;
 mod gate;
+mod int8;
 mod kernels;
 mod lt;
 mod multi;
@@ -65,7 +66,7 @@ use super::{Engine, EngineKind};
 use crate::config::Options;
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
-use crate::types::{Dtype, Hit, Metric, MAX_FILTER_NAMESPACES};
+use crate::types::{Dtype, Hit, Metric, Scan, MAX_FILTER_NAMESPACES};
 use crate::wire::SearchRequest;
 
 const NONE_U32: u32 = u32::MAX;
@@ -390,6 +391,8 @@ pub struct CudaEngine {
     gate: Gate,
     /// Multi-query passes (small batches of f16 / bf16 storage).
     multi: Multi,
+    /// The int8 scan's device side (option `scan = "int8"`, dimensions up to 1536).
+    int8: Option<int8::Int8>,
     /// Counters and timings for the reports printed on drop.
     stats: Stats,
     hybrid: Hybrid,
@@ -432,7 +435,7 @@ impl CudaEngine {
         let dim = store.dim();
         let dtype = opts.dtype;
         let metric = store.metric();
-        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: tune.prof };
+        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: tune.prof, codes: false };
         let prof = spec.prof;
         let geo = compile::Geometry::of(dim, dtype);
         let dp = geo.dp;
@@ -440,7 +443,7 @@ impl CudaEngine {
         let (modules, mut kern) = Kernels::load(&ctx, &spec, geo.byval, dp, fstep)?;
         // By value for small queries, a copy node for larger ones: at 768 dims the copy graph's
         // round trip was 1.3-2.9 us shorter on the H200 (three runs); at 128 dims they tie.
-        let sq_mode = if kern.scan_topk_v.is_none() || PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
+        let sq_mode = if kern.scan.topk_v.is_none() || PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
         let mut stream: sys::CUstream = std::ptr::null_mut();
         // SAFETY: `stream` is a valid out-pointer; the stream is destroyed in Drop.
         ck("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
@@ -471,7 +474,16 @@ impl CudaEngine {
         let limit_bytes = if opts.gpu_memory_bytes > 0 { opts.gpu_memory_bytes as usize } else { free / 10 * 9 };
         let stage_rows = ((16usize << 20) / (dim * 4 + 48)).max(1);
         let stage_bytes = stage_rows * (dim * 4 + 48) + 1024;
-        let cpu = CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns);
+        let mut cpu = CpuEngine::for_server(opts.threads as usize, opts.server_spin_ns);
+        // The int8 scan: codes on the device for single queries; the CPU engine keeps the host
+        // side (the error bound's statistics, the exact re-ranking) and answers what it takes.
+        let int8 = if opts.scan == Scan::Int8 {
+            cpu.set_scan(Scan::Int8, opts.rerank);
+            int8::Int8::load(&ctx, &spec, opts.rerank)?
+        } else {
+            None
+        };
+        let dq = int8.as_ref().map_or(dp, |c| c.dp8.max(dp));
         let multi = Multi::new(kern.multi.take());
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
@@ -506,8 +518,8 @@ impl CudaEngine {
             multi,
             sq: Single {
                 mode: sq_mode,
-                h_in: HostBuf::new(PARAMS_BYTES + dp * 4)?,
-                d_in: DevBuf::new(PARAMS_BYTES + dp * 4, "query")?,
+                h_in: HostBuf::new(PARAMS_BYTES + dq * 4)?,
+                d_in: DevBuf::new(PARAMS_BYTES + dq * 4, "query")?,
                 h_out: HostBuf::with_flags(PROF_OFF + 128, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?,
                 d_out: 0,
                 seq: 0,
@@ -516,6 +528,7 @@ impl CudaEngine {
                 d_ticket: DevBuf::new(16, "merge control")?,
                 cand_cap: 0,
                 graphs: Default::default(),
+                table_override: None,
             },
             stats: Stats {
                 compact_sq: 0,
@@ -527,8 +540,10 @@ impl CudaEngine {
                 score16_overflows: 0,
                 gated_batches: 0,
                 slot_batches: 0,
+                filter_phases: Vec::new(),
             },
             fcols: fields::DevFields::new(),
+            int8,
             table: DevTable {
                 store_cap: store.capacity(),
                 limit_bytes,
@@ -584,7 +599,24 @@ impl CudaEngine {
         if self.table.len != store.len() {
             return Err(Error::new(Status::Internal, format!("GPU table has {} rows, the store {}", self.table.len, store.len())));
         }
-        let plan = self.guarded("filter", |e| e.eval_filter(&prog))?;
+        let plan = self.guarded("filter", |e| e.eval_filter(&prog, req.nq > 1))?;
+        let t_score = std::time::Instant::now();
+        let tag = match &plan {
+            fields::FilterPlan::Empty => 0u8,
+            fields::FilterPlan::Rows(_) | fields::FilterPlan::Sparse(_) => 1,
+            fields::FilterPlan::Mask => 2,
+            fields::FilterPlan::Cpu => 3,
+        };
+        let r = self.run_filter_plan(plan, store, req, out);
+        if self.stats.filter_phases.len() < 1 << 16 {
+            let [a, b] = self.fcols.last_ns;
+            self.stats.filter_phases.push((tag, [a, b, t_score.elapsed().as_nanos().min(u32::MAX as u128) as u32]));
+        }
+        r
+    }
+
+    /// Answers a filtered search as `eval_filter` planned it.
+    fn run_filter_plan(&mut self, plan: fields::FilterPlan, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         match plan {
             fields::FilterPlan::Cpu => {
                 self.hybrid.last_cpu = true;
@@ -599,28 +631,49 @@ impl CudaEngine {
                 let allowed = fields::allowed_rows(store, &rows, req);
                 self.hybrid.cpu.search_allowed(store, req, Some(allowed), out)
             }
+            fields::FilterPlan::Sparse(m) => {
+                // One query: its few rows gathered on the device and scanned exactly there.
+                let mut host = Vec::new();
+                let req = super::with_host_queries(req, &mut host)?;
+                self.hybrid.last_cpu = false;
+                self.guarded("search", |e| {
+                    let t = e.gather_sparse(m)?;
+                    e.sq.table_override = Some((t, m));
+                    let h = e.search_one(store, &req, &req.queries[..e.dim]);
+                    e.sq.table_override = None;
+                    out.clear();
+                    out.push(h?);
+                    Ok(())
+                })
+            }
             fields::FilterPlan::Mask => {
                 let mut host = Vec::new();
                 let req = &if req.nq == 1 { super::with_host_queries(req, &mut host)? } else { req.clone() };
                 self.hybrid.last_cpu = false;
                 self.fcols.active_mask = self.fcols.d_mask_ptr();
-                let r = self.guarded("search", |e| {
-                    if req.nq == 1 {
-                        let h = e.search_one(store, req, &req.queries[..e.dim])?;
-                        out.clear();
-                        out.push(h);
-                        Ok(())
-                    } else if e.takes_multi(req) {
-                        let mut host = Vec::new();
-                        let req = super::with_host_queries(req, &mut host)?;
-                        e.search_multi(store, &req, out)
-                    } else {
-                        e.search_batch(store, req, out)
-                    }
-                });
+                let r = self.guarded("search", |e| e.dispatch(store, req, out));
                 self.fcols.active_mask = 0;
                 r
             }
+        }
+    }
+
+    /// Runs a search on the GPU by the path its size takes: one query, a fused multi-query pass
+    /// or a batch (a single query's values must be on the host).
+    fn dispatch(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        if req.nq == 1 && self.takes_int8(req.k) {
+            self.search_one_int8(store, req, &req.queries[..self.dim], out)
+        } else if req.nq == 1 {
+            let h = self.search_one(store, req, &req.queries[..self.dim])?;
+            out.clear();
+            out.push(h);
+            Ok(())
+        } else if self.takes_multi(req) {
+            let mut host = Vec::new();
+            let req = super::with_host_queries(req, &mut host)?;
+            self.search_multi(store, &req, out)
+        } else {
+            self.search_batch(store, req, out)
         }
     }
 
@@ -723,13 +776,21 @@ impl Engine for CudaEngine {
     }
     fn describe(&self) -> String {
         let mut s = format!("cuda-sm{}{}-{}", self.cc.0, self.cc.1, self.dtype.name());
+        if self.int8.is_some() {
+            s.push_str("-int8");
+        }
         if self.hybrid.on {
             s.push_str(if self.hybrid.last_cpu { "-auto(last:cpu)" } else { "-auto(last:gpu)" });
         }
         s
     }
     fn sync(&mut self, store: &Store, dirty: &[u32]) -> Result<()> {
+        // The CPU engine mirrors nothing for the exact scan; for the int8 scan, its host codes.
+        self.hybrid.cpu.sync(store, dirty)?;
         self.guarded("sync", |e| e.do_sync(store, dirty))
+    }
+    fn rerank_counts(&self) -> (u64, u64) {
+        self.hybrid.cpu.rerank_counts()
     }
     fn reserve(&mut self, rows: usize) -> Result<()> {
         self.guarded("reserve", |e| e.ensure_capacity(rows))
@@ -806,18 +867,7 @@ impl Engine for CudaEngine {
             if e.fault_after.is_some_and(|n| e.searches > n) {
                 return Err(Error::new(Status::Cuda, "injected fault (KALOS_CUDA_FAULT_AFTER)"));
             }
-            if req.nq == 1 {
-                let h = e.search_one(store, req, &req.queries[..e.dim])?;
-                out.clear();
-                out.push(h);
-                Ok(())
-            } else if e.takes_multi(req) {
-                let mut host = Vec::new();
-                let req = super::with_host_queries(req, &mut host)?;
-                e.search_multi(store, &req, out)
-            } else {
-                e.search_batch(store, req, out)
-            }
+            e.dispatch(store, req, out)
         })
     }
 }

@@ -26,6 +26,9 @@ pub(super) struct Stats {
     pub(super) gated_batches: u64,
     /// Batches answered from queries in a client's slot.
     pub(super) slot_batches: u64,
+    /// Filtered searches: (plan, filter evaluation incl. the count read back, row list read
+    /// back, scoring) in ns; plan 0 = empty, 1 = rows, 2 = mask, 3 = CPU.
+    pub(super) filter_phases: Vec<(u8, [u32; 3])>,
 }
 
 impl CudaEngine {
@@ -86,6 +89,27 @@ impl CudaEngine {
                 self.gate.off.as_ref().map_or(String::new(), |m| format!(" (gating off: {m})")),
                 self.gate.lt.as_ref().map_or(String::new(), |l| if l.tuned.is_empty() { String::new() } else { format!("; gated GEMM {}", l.tuned.join("; ")) })
             );
+        }
+        if !s.filter_phases.is_empty() && crate::config::tuning_or_default().cuda_report {
+            for (plan, name) in [(0u8, "empty"), (1, "rows"), (2, "mask"), (3, "cpu")] {
+                let v: Vec<[u32; 3]> = s.filter_phases.iter().filter(|(p, _)| *p == plan).map(|(_, t)| *t).collect();
+                if v.is_empty() {
+                    continue;
+                }
+                let p50 = |i: usize| {
+                    let mut x: Vec<u32> = v.iter().map(|a| a[i]).collect();
+                    x.sort_unstable();
+                    x[x.len() / 2] as f64 / 1000.0
+                };
+                eprintln!(
+                    "kalos cuda engine ({}): {} filtered searches planned '{name}', p50: filter evaluation {:.1} us, row list read back {:.1} us, scoring {:.1} us",
+                    self.describe(),
+                    v.len(),
+                    p50(0),
+                    p50(1),
+                    p50(2)
+                );
+            }
         }
         if let Some(v) = s.prof.as_ref().filter(|v| !v.is_empty()) {
             let p50 = |i: usize| {

@@ -10,6 +10,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 
 use super::compile::{CHUNK, KMAX, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SMEM_MAIN};
+use super::kernels::ScanFns;
 use super::table::TableArg;
 use super::{ck, cu_err, CudaEngine, DevBuf, HostBuf, Params, NONE_U32};
 use crate::error::{Error, Result, Status};
@@ -111,9 +112,22 @@ pub(super) struct Single {
     /// Merge control of the single-query kernel: [ticket, bound, candidates appended, 0].
     pub(super) d_ticket: DevBuf,
     pub(super) cand_cap: usize,
-    /// Single-query graphs by (grid, compact argument), with the table generation they were
-    /// built for.
-    pub(super) graphs: HashMap<(u32, bool, bool), (u64, Graph)>,
+    /// Single-query graphs by (grid, compact argument, table: 0 plain, 1 masked, 2 compact,
+    /// int8 scan), with the table generation they were built for.
+    pub(super) graphs: HashMap<(u32, bool, u8, bool), (u64, Graph)>,
+    /// A table scanned in place of the device table (a sparse filter's compact rows) and its
+    /// row count.
+    pub(super) table_override: Option<(TableArg, usize)>,
+}
+
+/// Which build of the single-query kernel a search runs, and how it reaches the GPU.
+#[derive(Clone, Copy)]
+struct Path {
+    fns: ScanFns,
+    /// Query floats the kernel reads.
+    dp: usize,
+    mode: SqMode,
+    int8: bool,
 }
 
 /// Argument pointer array of scan_topk / scan_topk_v / scan_topk_c: `first` points at the first
@@ -193,24 +207,43 @@ impl CudaEngine {
 
     /// Pointers of the single-query kernel's arguments after the first (the input buffer
     /// address in copy mode, the by-value params + query otherwise).
-    fn scan_tail(&self) -> (TableArg, [u64; 4]) {
-        (self.table_arg(), [self.sq.d_ckey.ptr, self.sq.d_crow.ptr, self.sq.d_ticket.ptr, self.sq.d_out])
+    fn scan_tail(&self, int8: bool) -> (TableArg, [u64; 4]) {
+        let mut tab = self.sq.table_override.map_or_else(|| self.table_arg(), |(t, _)| t);
+        if int8 {
+            if let Some(c) = &self.int8 {
+                tab.vecs = c.d_codes.ptr;
+                tab.rscale = c.d_scales.ptr;
+            }
+        }
+        (tab, [self.sq.d_ckey.ptr, self.sq.d_crow.ptr, self.sq.d_ticket.ptr, self.sq.d_out])
+    }
+
+    /// The exact scan's single-query path, or (`int8`) the int8 scan's.
+    fn sq_path(&self, int8: bool) -> Result<Path> {
+        match (int8, &self.int8) {
+            (false, _) => Ok(Path { fns: self.kern.scan, dp: self.dp, mode: self.sq.mode, int8 }),
+            (true, Some(c)) => {
+                let mode = if c.fns.topk_v.is_none() || PARAMS_BYTES + c.dp8 * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
+                Ok(Path { fns: c.fns, dp: c.dp8, mode, int8 })
+            }
+            (true, None) => Err(Error::new(Status::Internal, "the int8 scan's kernels are not loaded")),
+        }
     }
 
     /// Builds the single-query graph for `grid` blocks. Copy mode: captured H2D(params + query)
     /// → scan_topk. Graph mode: one scan_topk_v (`compact`: scan_topk_c) kernel node, whose
     /// by-value argument each request replaces (`cuGraphExecKernelNodeSetParams`).
-    fn build_graph(&mut self, grid: u32, compact: bool) -> Result<Graph> {
-        let smem = (SMEM_MAIN + self.dp * 4) as u32;
-        let in_bytes = PARAMS_BYTES + self.dp * 4;
-        let (mut tab, mut tail) = self.scan_tail();
+    fn build_graph(&mut self, grid: u32, compact: bool, path: Path) -> Result<Graph> {
+        let smem = (SMEM_MAIN + path.dp * 4) as u32;
+        let in_bytes = PARAMS_BYTES + path.dp * 4;
+        let (mut tab, mut tail) = self.scan_tail(path.int8);
         // SAFETY: every handle written is a field of the Graph returned (which destroys it) or a
         // local out-pointer; the kernel arguments point at locals alive across the calls that
         // copy them (add kernel node, capture of the launch); h_in and d_in hold in_bytes; the
         // capture is ended on every path before anything else runs on the stream.
         unsafe {
-            if self.sq.mode == SqMode::Graph {
-                let f = if compact { self.kern.scan_topk_c } else { self.kern.scan_topk_v };
+            if path.mode == SqMode::Graph {
+                let f = if compact { path.fns.topk_c } else { path.fns.topk_v };
                 let f = f.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
                 let mut graph: sys::CUgraph = std::ptr::null_mut();
                 ck("graph create", sys::cuGraphCreate(&mut graph, 0))?;
@@ -229,19 +262,7 @@ impl CudaEngine {
                 let mut args = scan_arg_ptrs(&mut a_in as *mut u64 as *mut c_void, &mut tab, &mut tail);
                 ck(
                     "capture scan_topk",
-                    sys::cuLaunchKernel(
-                        self.kern.scan_topk,
-                        grid,
-                        1,
-                        1,
-                        NT,
-                        1,
-                        1,
-                        smem,
-                        self.stream,
-                        args.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    ),
+                    sys::cuLaunchKernel(path.fns.topk, grid, 1, 1, NT, 1, 1, smem, self.stream, args.as_mut_ptr(), std::ptr::null_mut()),
                 )?;
                 Ok(())
             })();
@@ -257,8 +278,25 @@ impl CudaEngine {
     }
 
     pub(super) fn search_one(&mut self, store: &Store, req: &SearchRequest<'_>, q: &[f32]) -> Result<Vec<Hit>> {
-        let n = self.table.len;
-        let k = req.k.min(KMAX);
+        let mut hits = Vec::new();
+        self.scan_one(store, req, q, req.k.min(KMAX), None, &mut hits)?;
+        Ok(hits)
+    }
+
+    /// One single-query kernel: the best `k` rows for `q` into `hits`. With `int8` (the query's
+    /// scale), `q` holds the query's integer codes and the int8 scan's kernel ranks rows by
+    /// approximate score (never written to the client's slot: they are re-ranked first).
+    pub(super) fn scan_one(
+        &mut self,
+        store: &Store,
+        req: &SearchRequest<'_>,
+        q: &[f32],
+        k: usize,
+        int8: Option<f32>,
+        hits: &mut Vec<Hit>,
+    ) -> Result<()> {
+        let n = self.sq.table_override.map_or(self.table.len, |(_, n)| n);
+        let path = self.sq_path(int8.is_some())?;
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
@@ -266,12 +304,16 @@ impl CudaEngine {
         if self.metric == Metric::L2 {
             p.qnorm = q.iter().map(|x| x * x).sum();
         }
-        let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
-        p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
+        if let Some(s) = int8 {
+            p.qscale = s;
+        } else {
+            let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
+            p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
+        }
         self.sq.seq = self.sq.seq.wrapping_add(1).max(1);
         p.seq = self.sq.seq;
         // The kernel also writes the response body into the client's slot when it is mapped.
-        let direct = req.direct.and_then(|d| {
+        let direct = req.direct.filter(|_| int8.is_none()).and_then(|d| {
             let (h, len) = self.slots;
             let (host, cap) = d.dma_target();
             let off = host.checked_sub(h)?;
@@ -282,23 +324,23 @@ impl CudaEngine {
             p.dst = dst;
         }
         // Graph mode sends the compact argument when the filter fits it.
-        let pc = if self.sq.mode == SqMode::Graph && self.kern.scan_topk_c.is_some() { ParamsC::of(&p) } else { None };
-        let key = (grid, pc.is_some(), self.fcols.active_mask != 0);
+        let pc = if path.mode == SqMode::Graph && path.fns.topk_c.is_some() { ParamsC::of(&p) } else { None };
+        let table = if self.sq.table_override.is_some() { 2 } else { (self.fcols.active_mask != 0) as u8 };
+        let key = (grid, pc.is_some(), table, path.int8);
         if self.sq.graphs.get(&key).is_none_or(|(g, _)| *g != self.table.gen) {
             self.sq.graphs.remove(&key);
-            let g = self.build_graph(grid, key.1)?;
+            let g = self.build_graph(grid, key.1, path)?;
             self.sq.graphs.insert(key, (self.table.gen, g));
         }
-        let dp = self.dp;
-        put_request(self.sq.h_in.slice(), &p, pc.as_ref(), q, dp);
+        put_request(self.sq.h_in.slice(), &p, pc.as_ref(), q, path.dp);
         let t0 = std::time::Instant::now();
-        let smem = (SMEM_MAIN + self.dp * 4) as u32;
-        let (mut tab, mut tail) = self.scan_tail();
+        let smem = (SMEM_MAIN + path.dp * 4) as u32;
+        let (mut tab, mut tail) = self.scan_tail(path.int8);
         let mut args = scan_arg_ptrs(self.sq.h_in.ptr as *mut c_void, &mut tab, &mut tail);
-        match self.sq.mode {
+        match path.mode {
             SqMode::Graph => {
                 let g = &self.sq.graphs.get(&key).unwrap().1;
-                let f = if key.1 { self.kern.scan_topk_c } else { self.kern.scan_topk_v };
+                let f = if key.1 { path.fns.topk_c } else { path.fns.topk_v };
                 let f = f.ok_or_else(|| Error::new(Status::Internal, "by-value kernel missing"))?;
                 let kp = kernel_node(f, grid, smem, args.as_mut_ptr());
                 // SAFETY: the graph's own kernel node, same kernel and shape as built; the new
@@ -344,7 +386,7 @@ impl CudaEngine {
         if count > k {
             return Err(Error::new(Status::Cuda, format!("GPU returned {count} hits for k = {k}")));
         }
-        let mut hits = Vec::with_capacity(count);
+        hits.clear();
         let so = 8 + 8 * k;
         for i in 0..count {
             let id = u64::from_le_bytes(out[8 + 8 * i..16 + 8 * i].try_into().unwrap());
@@ -355,7 +397,7 @@ impl CudaEngine {
             d.mark_written(DirectOut::body_len(count));
             self.stats.direct_writes += 1;
         }
-        Ok(hits)
+        Ok(())
     }
 
     /// Spins until the kernel has published sequence number `seq` (the server thread polls

@@ -15,14 +15,16 @@ use crate::store::Store;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(super) struct TableArg {
-    vecs: u64,
-    norms: u64,
-    ids: u64,
-    ns: u64,
-    created: u64,
-    expires: u64,
+    pub(super) vecs: u64,
+    pub(super) norms: u64,
+    pub(super) ids: u64,
+    pub(super) ns: u64,
+    pub(super) created: u64,
+    pub(super) expires: u64,
     /// Bitmap of the rows a metadata filter lets through (0: no filter).
     pub(super) mask: u64,
+    /// The int8 scan's per-row scales (its kernel only; `vecs` then holds the codes).
+    pub(super) rscale: u64,
 }
 
 /// The table mirror: `len` rows of room for `cap_rows`, one buffer per column.
@@ -51,7 +53,7 @@ pub(super) struct DevTable {
 
 impl CudaEngine {
     pub(super) fn row_bytes(&self) -> usize {
-        self.dp * self.esize + 4 + 8 * 4
+        self.dp * self.esize + 4 + 8 * 4 + self.int8.as_ref().map_or(0, |c| c.row_bytes())
     }
 
     /// Makes room for `rows` rows (doubling), copying the rows present. On failure the table is
@@ -94,6 +96,7 @@ impl CudaEngine {
             copy(&expires, &self.table.d_expires, n * 8)?;
             self.sync_stream()?;
         }
+        self.grow_codes(new_cap, n)?;
         let t = &mut self.table;
         t.d_vecs = vecs;
         t.d_norms = norms;
@@ -116,6 +119,7 @@ impl CudaEngine {
             created: self.table.d_created.ptr,
             expires: self.table.d_expires.ptr,
             mask: self.fcols.active_mask,
+            rscale: 0,
         }
     }
 
@@ -182,6 +186,7 @@ impl CudaEngine {
             ck("launch scatter_rows", unsafe {
                 sys::cuLaunchKernel(self.kern.scatter_rows, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
             })?;
+            self.quantize_staged(base + o_rows as u64, base + o_v as u64, m)?;
             // The staging buffer is reused by the next chunk.
             self.sync_stream()?;
         }

@@ -204,7 +204,7 @@ public final class KalosOptions {
          */
         public Builder ephemeral(boolean v) { ephemeral = v; return this; }
         /**
-         * The int8 scan (CPU engine): scan an 8-bit copy of the table and re-score the best
+         * The int8 scan (CPU engine; single queries on the GPU): scan an 8-bit copy of the table and re-score the best
          * {@link #rerank(int)} candidates of each query exactly. Scores stay exact;
          * {@link Stats#rerankUncertain} counts answers that may have missed a true neighbour.
          */
