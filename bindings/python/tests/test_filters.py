@@ -255,3 +255,18 @@ def test_list_matches_a_reference_in_pages(name):
         with pytest.raises(ValueError):
             kv.list(limit=-1)
         assert any(c["op"] == "list" and c["status"] == "OK" for c in kv.stats()["requests_by"])
+
+
+def test_adapter_helpers_skip_ids_deleted_since_they_were_listed(kv):
+    """get / delete are all or nothing: the adapters' helpers drop an id deleted (or expired)
+    between its listing and the call, and fetch or delete the rest."""
+    from kalos._adapter import delete_present, get_present
+
+    kv.upsert([1, 2, 3, 4], np.eye(16, dtype=np.float32)[:4], payloads=[b"a", b"b", b"c", b"d"])
+    listed = kv.list().tolist()
+    kv.delete([2])
+    keys, recs = get_present(kv, listed, vectors=False, namespaces=False)
+    assert keys == [1, 3, 4] and recs.payloads == [b"a", b"c", b"d"]
+    assert get_present(kv, [2], vectors=False) == ([], None)
+    assert delete_present(kv, listed + [99]) == 3
+    assert len(kv) == 0
