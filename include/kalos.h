@@ -124,6 +124,9 @@
 // Op code: delete by filter expression.
 #define KALOS_OP_DELETE_WHERE 8
 
+// Op code: list ids (`kalos_list`).
+#define KALOS_OP_LIST 9
+
 // Always false.
 #define P_FALSE 0
 
@@ -354,6 +357,28 @@ typedef struct kalos_upsert_params {
   size_t fields_len;
 } kalos_upsert_params;
 
+// What `kalos_list` lists; pass NULL for every memory from the smallest id. Initialise with
+// `kalos_list_params_init`.
+typedef struct kalos_list_params {
+  // `sizeof(kalos_list_params)`.
+  uint32_t struct_size;
+  // 1: list ids strictly greater than `after` (the cursor); 0 (the default): start at the
+  // smallest id. Any other value is `KALOS_INVALID_ARGUMENT`.
+  uint32_t has_after;
+  // The cursor, read when `has_after` is 1: the last id of the previous page.
+  uint64_t after;
+  // Namespace filter: NULL (and length 0) = all namespaces; else up to 64 namespaces.
+  const uint64_t *namespaces;
+  size_t namespaces_len;
+  // Metadata filter expression in its binary form (docs/FORMATS.md, "Filter expressions"),
+  // or NULL (and length 0) for none. Borrowed for the call only. A malformed expression
+  // fails the call with `KALOS_INVALID_ARGUMENT` before anything is sent to the server.
+  const uint8_t *filter;
+  size_t filter_len;
+  // Deadline of each request of the call in ms (0 = the handle's default).
+  uint64_t timeout_ms;
+} kalos_list_params;
+
 // Status code returned by every function (`KALOS_OK` = 0).
 typedef int32_t kalos_status;
 
@@ -460,6 +485,15 @@ void kalos_recall_params_init(struct kalos_recall_params *params, size_t size);
 // # Safety
 // `params` must be NULL or point to `size` writable bytes.
 void kalos_upsert_params_init(struct kalos_upsert_params *params, size_t size);
+
+// Fills `params` with the defaults (every namespace, no filter, from the smallest id, default
+// deadline) and sets `struct_size`. Pass `sizeof(struct kalos_list_params)` as `size`; at most
+// `size` bytes are written (see `kalos_options_init`). NULL, or `size` below 4, is a no-op.
+// Thread-safe.
+//
+// # Safety
+// `params` must be NULL or point to `size` writable bytes.
+void kalos_list_params_init(struct kalos_list_params *params, size_t size);
 
 // Opens the store `name` (1-200 chars of `[A-Za-z0-9._-]`) in the role `opts->role` and
 // writes a new handle to `*out`.
@@ -669,6 +703,35 @@ kalos_status kalos_get(const struct kalos_handle *h,
                        size_t payload_lens_len,
                        size_t *payload_needed);
 
+// Lists the ids of the live memories that `params` selects (namespaces, filter expression,
+// cursor; NULL = every memory from the smallest id), in ascending order: the first `ids_len`
+// of them go to `ids`, their number to `*count`, and the number of selected memories with a
+// larger id than the last one written to `*remaining` (may be NULL). Expired memories are not
+// listed.
+//
+// Paging: the listing is complete when `*count < ids_len` or `*remaining == 0`; otherwise set
+// `params->has_after = 1` and `params->after` to the last id written and call again. A memory
+// that lives and matches throughout is listed exactly once; writes between pages show in later
+// pages as they happen; no id is listed twice. `ids` may be NULL with `ids_len` 0: the call
+// then only counts (`*remaining` = every selected memory after the cursor). Each request scans
+// the whole table once, and a page larger than one slot's reply (slot_bytes / 8 ids) takes
+// several requests, so pages of thousands of ids are cheap and pages of one are not.
+//
+// Errors: a malformed filter or more than 64 namespaces is `KALOS_INVALID_ARGUMENT` and sends
+// nothing; a filter too large for the slot is `KALOS_TOO_LARGE`. Outputs are written on
+// success only. Nothing is kept after the call. Thread-safe.
+//
+// # Safety
+// `params` NULL or initialised by `kalos_list_params_init`, its arrays readable for their
+// lengths; `ids` writable for `ids_len` entries (NULL only with `ids_len` 0); `count` writable
+// (NULL gives `KALOS_NULL_POINTER`); `remaining` NULL or writable.
+kalos_status kalos_list(const struct kalos_handle *h,
+                        const struct kalos_list_params *params,
+                        uint64_t *ids,
+                        size_t ids_len,
+                        size_t *count,
+                        uint64_t *remaining);
+
 // Fills `*out` with the server's statistics. Set `out->struct_size = sizeof(kalos_stats_info)`
 // first; a caller built against an older, shorter `kalos_stats_info` gets the fields it knows
 // (only `struct_size` bytes are written).
@@ -698,8 +761,8 @@ kalos_status kalos_stats_ops(const struct kalos_handle *h,
                              size_t *needed);
 
 // Stable name of an op code ("recall", "upsert", "delete", "delete_namespace", "get",
-// "stats", "clear", "delete_where"), the same names as kalosd's metrics; "unknown" for other
-// values. The string is static: never free it. Thread-safe.
+// "stats", "clear", "delete_where", "list"), the same names as kalosd's metrics; "unknown"
+// for other values. The string is static: never free it. Thread-safe.
 const char *kalos_op_name(uint32_t op);
 
 // The store's vector dimension, written to `*dim`.

@@ -343,6 +343,24 @@ impl Store {
         self.filter_rows(filter, now_ms).rows().into_iter().map(|r| self.ids[r as usize]).collect()
     }
 
+    /// One page of the ids [`Store::filter_rows`] selects: those greater than `after` (all when
+    /// None), ascending, at most `limit`; and how many more ids match after the page's last.
+    /// Costs one pass over the table whatever the page size.
+    pub fn list_ids(&self, filter: &Filter, now_ms: u64, after: Option<u64>, limit: usize) -> (Vec<u64>, u64) {
+        let rows = self.filter_rows(filter, now_ms).rows();
+        let mut ids: Vec<u64> = rows.into_iter().map(|r| self.ids[r as usize]).filter(|&id| after.is_none_or(|a| id > a)).collect();
+        let matched = ids.len();
+        if matched > limit {
+            if limit > 0 {
+                ids.select_nth_unstable(limit - 1);
+            }
+            ids.truncate(limit);
+        }
+        ids.sort_unstable();
+        let remaining = (matched - ids.len()) as u64;
+        (ids, remaining)
+    }
+
     /// Removes expired memories (expires_ms ≤ now); returns their ids.
     pub fn purge_expired(&mut self, now_ms: u64) -> Vec<u64> {
         if self.expiring == 0 {

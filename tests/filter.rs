@@ -499,3 +499,201 @@ fn the_c_abi_reads_filters_only_within_struct_size() {
     // SAFETY: h came from kalos_open and is closed once.
     unsafe { kalos_close(h) };
 }
+
+/// The ids the reference selects, ascending.
+fn ref_ids(model: &HashMap<u64, Mem>, e: Option<&Expr>, ns: Option<&[u64]>) -> Vec<u64> {
+    let mut v: Vec<u64> = model
+        .iter()
+        .filter(|(_, m)| ns.is_none_or(|ns| ns.contains(&m.ns)) && e.is_none_or(|e| ref_match(e, &m.fields)))
+        .map(|(&id, _)| id)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Listing against the reference: random expressions and namespace lists over random data,
+/// whole and in pages of random sizes walked with the cursor; every page's count of what
+/// remains; counting with a limit of 0.
+#[test]
+fn list_matches_the_reference_page_by_page() {
+    let mut r = rng("list");
+    let k = open("list", Metric::InnerProduct, 2);
+    let mut model = HashMap::new();
+    // Ids spread over the whole u64 range (the cursor compares them unsigned), 0 and MAX too.
+    let mut ids: Vec<u64> = (0..1500).map(|_| r.random()).collect();
+    ids.extend([0, 1, u64::MAX, u64::MAX - 1, 1 << 63]);
+    ids.sort_unstable();
+    ids.dedup();
+    write(&k, &mut r, &mut model, &ids[..500], true);
+    write(&k, &mut r, &mut model, &ids[500..], false);
+    let gone: Vec<u64> = ids.iter().copied().step_by(7).collect();
+    k.delete(&gone).unwrap();
+    for id in &gone {
+        model.remove(id);
+    }
+    let live: Vec<u64> = model.keys().copied().collect();
+    let everything = k.list_all(&kalos::ListOptions::default()).unwrap();
+    assert_eq!(everything, ref_ids(&model, None, None));
+    for case in 0..300 {
+        let e = (case % 5 != 0).then(|| random_expr(&mut r, 3, &live));
+        let ns: Option<Vec<u64>> = (r.random_range(0..3) == 0).then(|| vec![r.random_range(0..4), r.random_range(0..4)]);
+        let want = ref_ids(&model, e.as_ref(), ns.as_deref());
+        let o = kalos::ListOptions { namespaces: ns.clone(), filter: e.as_ref().map(|e| e.encode()), ..Default::default() };
+        assert_eq!(k.list_all(&o).unwrap(), want, "case {case}: {e:?} ns {ns:?}");
+        assert_eq!(k.list(&o, 0).unwrap(), (vec![], want.len() as u64), "counting only");
+        // Pages of a random size, each from the last id of the one before.
+        let page = [1, 2, 3, 17, 100, 5000][r.random_range(0..6)];
+        let mut o = o;
+        let mut got = Vec::new();
+        loop {
+            let (p, remaining) = k.list(&o, page).unwrap();
+            assert!(p.len() <= page);
+            got.extend_from_slice(&p);
+            assert_eq!(remaining as usize, want.len() - got.len(), "case {case}: remaining after {} ids", got.len());
+            if p.len() < page || remaining == 0 {
+                break;
+            }
+            o.after = p.last().copied();
+        }
+        assert_eq!(got, want, "case {case} in pages of {page}: {e:?} ns {ns:?}");
+    }
+    // A cursor between ids, and past the largest.
+    let o = |after| kalos::ListOptions { after: Some(after), ..Default::default() };
+    let mid = everything[everything.len() / 2];
+    assert_eq!(k.list_all(&o(mid)).unwrap(), everything.iter().copied().filter(|&i| i > mid).collect::<Vec<_>>());
+    assert_eq!(k.list_all(&o(u64::MAX)).unwrap(), Vec::<u64>::new());
+}
+
+/// Writes between pages: a memory that lives and matches throughout is listed exactly once, a
+/// memory deleted before its page is not, new ids after the cursor are; ids only go up. A
+/// store with small slots, so that one call spans several requests.
+#[test]
+fn list_pages_see_writes_between_them() {
+    let mut r = rng("list_writes");
+    let name = format!("filt-listw-{}-{}", std::process::id(), rand::random::<u32>());
+    let opts = Options {
+        role: Role::Server,
+        dim: DIM as u32,
+        metric: Metric::InnerProduct,
+        backend: Backend::Cpu,
+        slot_bytes: 4096,
+        max_payload_bytes: 1024,
+        capacity: 100_000,
+        ..Options::default()
+    };
+    let k = Kalos::open(&name, &opts).unwrap();
+    let fit = kalos::wire::response::list_fit(4096);
+    let mut model = HashMap::new();
+    let ids: Vec<u64> = (0..6000u64).map(|i| i * 3).collect();
+    for (ci, chunk) in ids.chunks(100).enumerate() {
+        write(&k, &mut r, &mut model, chunk, ci == 0);
+    }
+    // One call of more than a slot's reply: several requests, the same answer.
+    let all = k.list_all(&kalos::ListOptions::default()).unwrap();
+    assert!(all.len() > 5 * fit);
+    assert_eq!(all, ref_ids(&model, None, None));
+    let (big, rest) = k.list(&kalos::ListOptions::default(), 3 * fit + 7).unwrap();
+    assert_eq!((&big[..], rest as usize), (&all[..3 * fit + 7], all.len() - 3 * fit - 7));
+
+    let e = Expr::In(false, "user".into(), vec![Value::Keyword("ann".into()), Value::Keyword("bob".into())]);
+    let o = kalos::ListOptions { filter: Some(e.encode()), ..Default::default() };
+    let start: Vec<u64> = ref_ids(&model, Some(&e), None);
+    let mut o = o;
+    let mut listed: Vec<u64> = Vec::new();
+    let mut touched = std::collections::HashSet::new();
+    loop {
+        let (p, _) = k.list(&o, 250).unwrap();
+        for &id in &p {
+            assert!(listed.last().is_none_or(|&l| id > l), "ids go up");
+            let m = model.get(&id).unwrap_or_else(|| panic!("id {id} was deleted before its page"));
+            assert!(ref_match(&e, &m.fields), "id {id} does not match at its page");
+        }
+        listed.extend_from_slice(&p);
+        if p.len() < 250 {
+            break;
+        }
+        o.after = p.last().copied();
+        // Between pages: delete some ids (behind and ahead of the cursor), add new ones (odd
+        // ids, which no other step uses), rewrite the fields of others.
+        let live: Vec<u64> = model.keys().copied().collect();
+        let del: Vec<u64> =
+            (0..20).map(|_| live[r.random_range(0..live.len())]).collect::<std::collections::HashSet<_>>().into_iter().collect();
+        k.delete(&del).unwrap();
+        for id in &del {
+            model.remove(id);
+            touched.insert(*id);
+        }
+        let add: Vec<u64> = (0..10)
+            .map(|_| r.random_range(0..20_000u64) * 2 + 1)
+            .filter(|i| !model.contains_key(i))
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .collect();
+        write(&k, &mut r, &mut model, &add, false);
+        let again: Vec<u64> = (0..10)
+            .map(|_| ids[r.random_range(0..ids.len())])
+            .filter(|i| model.contains_key(i))
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .collect();
+        write(&k, &mut r, &mut model, &again, false);
+        touched.extend(add.iter().chain(&again).copied());
+    }
+    // Every id that matched at the start and was never touched is listed, once.
+    let set: std::collections::HashSet<u64> = listed.iter().copied().collect();
+    assert_eq!(set.len(), listed.len(), "no id twice");
+    for id in start.iter().filter(|i| !touched.contains(i)) {
+        assert!(set.contains(id), "id {id} lived and matched throughout but was not listed");
+    }
+    assert!(listed.len() > 1000);
+}
+
+/// Bad listings: refused by the client before anything is sent, and by the server for a
+/// hostile client that skips those checks; expired memories are not listed.
+#[test]
+fn bad_listings_are_refused_and_expired_memories_are_not_listed() {
+    use kalos::wire::request::{list, OP_LIST};
+    let name = format!("filt-listbad-{}", std::process::id());
+    let o = Options { role: Role::Server, dim: DIM as u32, metric: Metric::InnerProduct, backend: Backend::Cpu, ..Options::default() };
+    let k = Kalos::open(&name, &o).unwrap();
+    k.upsert(&[1, 2], &[1.0; 2 * DIM], &UpsertOptions::default()).unwrap();
+    k.upsert(&[3], &[1.0; DIM], &UpsertOptions { ttl_ms: 1, ..Default::default() }).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(k.list_all(&kalos::ListOptions::default()).unwrap(), vec![1, 2], "the expired memory is not listed");
+    let bad = kalos::ListOptions { filter: Some(vec![1, 99]), ..Default::default() };
+    let e = k.list(&bad, 10).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("unknown operator 99"), "{}", e.message);
+    let many = kalos::ListOptions { namespaces: Some((0..65).collect()), ..Default::default() };
+    assert_eq!(k.list(&many, 10).unwrap_err().status, Status::InvalidArgument);
+
+    let seg = kalos::shm::Segment::attach(&name).unwrap();
+    let fit = kalos::wire::response::list_fit(seg.data_bytes());
+    let call = |req: &[u8]| raw_call(&seg, 0, req, req.len() as u32);
+    let mut w = kalos::wire::Writer::new();
+    list(&mut w, None, Some(&[1, 99]), None, 10);
+    assert_eq!(call(&w.buf).0, Status::InvalidArgument as u32, "a malformed filter");
+    let mut w = kalos::wire::Writer::new();
+    list(&mut w, None, None, None, fit as u32 + 1);
+    let (st, body) = call(&w.buf);
+    assert_eq!(st, Status::InvalidArgument as u32);
+    assert!(String::from_utf8_lossy(&body).contains("exceeds"), "{}", String::from_utf8_lossy(&body));
+    let mut w = kalos::wire::Writer::new();
+    w.u32(OP_LIST).u32(4).u32(1).u64(0).u32(u32::MAX);
+    assert_eq!(call(&w.buf).0, Status::InvalidArgument as u32, "an unknown flag");
+    let mut w = kalos::wire::Writer::new();
+    list(&mut w, None, None, None, 10);
+    w.u32(0);
+    assert_eq!(call(&w.buf).0, Status::InvalidArgument as u32, "trailing bytes");
+    let mut w = kalos::wire::Writer::new();
+    list(&mut w, Some(&[0]), None, Some(1), fit as u32);
+    let (st, body) = call(&w.buf);
+    assert_eq!(st, 0);
+    let mut out = [0u64; 4];
+    assert_eq!(kalos::wire::response::read_list(&body, &mut out).unwrap(), (1, 0));
+    assert_eq!(out[0], 2);
+    assert_eq!(kalos::wire::response::read_list(&body, &mut out[..0]).unwrap_err().status, Status::Internal);
+    // The server's request counters name the op.
+    let s = k.stats().unwrap();
+    assert!(s.requests_by.iter().any(|c| kalos::op_name(c.op) == "list" && c.status == 0 && c.count > 0));
+}

@@ -145,7 +145,7 @@ fn hostile_client_garbage_gets_errors_and_server_survives() {
         let mut junk: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         if len >= 4 && round % 2 == 0 {
             // Every op but CLEAR (which a client may legitimately send) and unknown ones.
-            let op: u32 = [1, 2, 3, 4, 5, 6, 8, 0xdead][rng.random_range(0..8)];
+            let op: u32 = [1, 2, 3, 4, 5, 6, 8, 9, 0xdead][rng.random_range(0..9)];
             junk[..4].copy_from_slice(&op.to_le_bytes());
             if len >= 8 && op == 1 {
                 junk[4..8].copy_from_slice(&(rng.random_range(0..2000u32)).to_le_bytes());

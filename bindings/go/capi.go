@@ -47,6 +47,8 @@ package kalos
 #cgo nocallback kgo_delete_where
 #cgo noescape kgo_get_fields
 #cgo nocallback kgo_get_fields
+#cgo noescape kgo_list
+#cgo nocallback kgo_list
 
 #define KGO_ERRLEN 512
 
@@ -185,6 +187,23 @@ static kalos_status kgo_get(const kalos_handle *h, const uint64_t *ids, size_t n
 static kalos_status kgo_delete_where(const kalos_handle *h, const uint64_t *ns, size_t ns_len,
                                      const uint8_t *flt, size_t flt_len, uint64_t *deleted, char *eb) {
 	kalos_status st = kalos_delete_where(h, ns, ns_len, flt, flt_len, deleted);
+	kgo_err(st, eb);
+	return st;
+}
+
+static kalos_status kgo_list(const kalos_handle *h, const uint64_t *ns, size_t ns_len, const uint8_t *flt,
+                             size_t flt_len, uint32_t has_after, uint64_t after, uint64_t tmo,
+                             uint64_t *ids, size_t ids_len, size_t *count, uint64_t *remaining, char *eb) {
+	kalos_list_params p;
+	kalos_list_params_init(&p, sizeof p);
+	p.namespaces = ns;
+	p.namespaces_len = ns_len;
+	p.filter = flt;
+	p.filter_len = flt_len;
+	p.has_after = has_after;
+	p.after = after;
+	p.timeout_ms = tmo;
+	kalos_status st = kalos_list(h, &p, ids, ids_len, count, remaining);
 	kgo_err(st, eb);
 	return st;
 }
@@ -570,6 +589,25 @@ func cDeleteWhere(h cHandle, ns []uint64, filter []byte) (uint64, Status, string
 		return 0, st, eb.String()
 	}
 	return uint64(n), st, ""
+}
+
+func cList(h cHandle, ns []uint64, filter []byte, hasAfter bool, after, tmo uint64, ids []uint64) (int, uint64, Status, string) {
+	var n C.size_t
+	var rest C.uint64_t
+	var eb errBuf
+	ha := C.uint32_t(0)
+	if hasAfter {
+		ha = 1
+	}
+	st := cstatus(C.kgo_list(h, u64p(ns), C.size_t(len(ns)), u8p(filter), C.size_t(len(filter)), ha, C.uint64_t(after),
+		C.uint64_t(tmo), u64p(ids), C.size_t(len(ids)), &n, &rest, eb.ptr()))
+	runtime.KeepAlive(ns)
+	runtime.KeepAlive(filter)
+	runtime.KeepAlive(ids)
+	if st != StatusOK {
+		return 0, 0, st, eb.String()
+	}
+	return int(n), uint64(rest), st, ""
 }
 
 func cGetFields(h cHandle, ids []uint64, buf []byte, lens []uint32) (needed int, st Status, msg string) {

@@ -3,6 +3,7 @@ package kalos
 import (
 	"context"
 	"fmt"
+	"iter"
 	"math"
 	"runtime"
 	"strings"
@@ -484,6 +485,83 @@ func (c *Client) DeleteWhere(ctx context.Context, filter *Filter, namespaces ...
 		return 0, callError("delete_where", st, msg, false)
 	}
 	return int(n), nil
+}
+
+// ListPage writes the ids of the live memories that opts selects, ascending, into ids (at
+// most len(ids) of them) and returns how many it wrote and how many more match after the
+// last one written. The listing is complete when n < len(ids) or remaining == 0; otherwise
+// the next page starts after ids[n-1] (opts.After, opts.HasAfter). A memory that lives and
+// matches throughout is listed exactly once and no id twice; writes between pages show in
+// later pages. An empty ids only counts. Each request scans the table once, so pages of
+// thousands of ids are cheap and pages of one are not. The context's deadline bounds each
+// request of the call.
+func (c *Client) ListPage(ctx context.Context, ids []uint64, opts ListOptions) (n int, remaining uint64, err error) {
+	var filter []byte
+	if opts.Filter != nil {
+		if filter, err = opts.Filter.Encode(); err != nil {
+			return 0, 0, err
+		}
+	}
+	tmo, hasDL, err := deadline(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	h, err := c.acquire("list")
+	if err != nil {
+		return 0, 0, err
+	}
+	n, remaining, st, msg := cList(h, opts.Namespaces, filter, opts.HasAfter, opts.After, tmo, ids)
+	c.mu.RUnlock()
+	if st != StatusOK {
+		return 0, 0, callError("list", st, msg, hasDL)
+	}
+	return n, remaining, nil
+}
+
+// listPage is the page size of List and of ListPages given a size of 0 or less.
+const listPage = 1 << 16
+
+// ListPages iterates over the ids that opts selects, ascending, a page of at most pageSize
+// ids at a time (listPage, 65536, for pageSize <= 0), each from the last id of the one
+// before (see ListPage). An error ends the iteration as its last value. A page's slice is
+// the caller's to keep.
+func (c *Client) ListPages(ctx context.Context, opts ListOptions, pageSize int) iter.Seq2[[]uint64, error] {
+	if pageSize <= 0 {
+		pageSize = listPage
+	}
+	return func(yield func([]uint64, error) bool) {
+		o := opts
+		for {
+			page := make([]uint64, pageSize)
+			n, remaining, err := c.ListPage(ctx, page, o)
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			if n > 0 && !yield(page[:n:n], nil) {
+				return
+			}
+			if n < pageSize || remaining == 0 {
+				return
+			}
+			o.After, o.HasAfter = page[n-1], true
+		}
+	}
+}
+
+// List returns every id that opts selects, ascending (ListPages in pages of 65536).
+func (c *Client) List(ctx context.Context, opts ListOptions) ([]uint64, error) {
+	var all []uint64
+	for page, err := range c.ListPages(ctx, opts, 0) {
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+	}
+	if all == nil {
+		all = []uint64{}
+	}
+	return all, nil
 }
 
 // GetFields fetches the metadata fields of memories by id, one Fields per id (empty for a

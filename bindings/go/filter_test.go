@@ -2,6 +2,7 @@ package kalos
 
 import (
 	"bufio"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -252,5 +253,130 @@ func TestFilteredRecall(t *testing.T) {
 	}
 	if del, err := srv.DeleteWhere(bg(), And(Eq("user", "ann"), Lt("n", 30)), 0); err != nil || del != 10 {
 		t.Fatalf("DeleteWhere(ann, n<30) = %d, %v", del, err)
+	}
+}
+
+// TestList checks List, ListPage and ListPages against a reference: filters, namespaces,
+// pages of several sizes walked with the cursor, counting, deletes between pages, and errors,
+// through a client handle of an in-process server with small slots (a page of a call takes
+// several requests).
+func TestList(t *testing.T) {
+	const dim, n = 4, 3000
+	srv := openServer(t, dim, Options{Metric: MetricIP, SlotBytes: 4096, MaxPayloadBytes: 1024})
+	cl, err := Open(srv.Name(), Options{Role: RoleClient})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	r := rand.New(rand.NewSource(11))
+	ids := make([]uint64, n)
+	seen := map[uint64]bool{}
+	for i := range ids {
+		for {
+			ids[i] = r.Uint64()
+			if !seen[ids[i]] {
+				seen[ids[i]] = true
+				break
+			}
+		}
+	}
+	users := []string{"ann", "bob", "cy"}
+	fields := make([]Fields, n)
+	nss := make([]uint64, n)
+	for i := range ids {
+		fields[i] = Fields{"user": users[i%3], "n": i}
+		nss[i] = uint64(i % 2)
+	}
+	if err := cl.Upsert(bg(), ids, randVecs(r, n, dim), WithFields(fields), WithItemNamespaces(nss)); err != nil {
+		t.Fatal(err)
+	}
+	want := func(keep func(i int) bool) []uint64 {
+		out := []uint64{}
+		for i, id := range ids {
+			if keep(i) {
+				out = append(out, id)
+			}
+		}
+		sort.Slice(out, func(a, b int) bool { return out[a] < out[b] })
+		return out
+	}
+	cases := []struct {
+		name string
+		opts ListOptions
+		keep func(i int) bool
+	}{
+		{"all", ListOptions{}, func(int) bool { return true }},
+		{"bob", ListOptions{Filter: Eq("user", "bob")}, func(i int) bool { return i%3 == 1 }},
+		{"ns1", ListOptions{Namespaces: []uint64{1}}, func(i int) bool { return i%2 == 1 }},
+		{"ann_ns0_n<900", ListOptions{Filter: And(Eq("user", "ann"), Lt("n", 900)), Namespaces: []uint64{0}},
+			func(i int) bool { return i%3 == 0 && i%2 == 0 && i < 900 }},
+		{"none", ListOptions{Filter: Eq("user", "zed")}, func(int) bool { return false }},
+	}
+	for _, c := range cases {
+		w := want(c.keep)
+		got, err := cl.List(bg(), c.opts)
+		if err != nil || !reflect.DeepEqual(got, w) {
+			t.Fatalf("%s: List = %d ids, %v; want %d", c.name, len(got), err, len(w))
+		}
+		for _, size := range []int{1, 13, 600} {
+			var paged []uint64
+			for page, err := range cl.ListPages(bg(), c.opts, size) {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(page) == 0 || len(page) > size {
+					t.Fatalf("%s: a page of %d ids (size %d)", c.name, len(page), size)
+				}
+				paged = append(paged, page...)
+			}
+			if len(paged) != len(w) || (len(w) > 0 && !reflect.DeepEqual(paged, w)) {
+				t.Fatalf("%s: pages of %d: %d ids, want %d", c.name, size, len(paged), len(w))
+			}
+		}
+		// Counting only, and the remaining count of a first page.
+		if k, rest, err := cl.ListPage(bg(), nil, c.opts); err != nil || k != 0 || rest != uint64(len(w)) {
+			t.Fatalf("%s: count = %d, %d, %v; want %d", c.name, k, rest, err, len(w))
+		}
+		buf := make([]uint64, 10)
+		if k, rest, err := cl.ListPage(bg(), buf, c.opts); err != nil || k != min(10, len(w)) || rest != uint64(len(w)-k) {
+			t.Fatalf("%s: first page = %d, %d, %v", c.name, k, rest, err)
+		}
+	}
+
+	// Deletes between pages: an id ahead of the cursor is not listed; the rest are, once.
+	all := want(func(int) bool { return true })
+	page := make([]uint64, 100)
+	k, _, err := cl.ListPage(bg(), page, ListOptions{})
+	if err != nil || k != 100 {
+		t.Fatalf("first page: %d, %v", k, err)
+	}
+	gone := all[500]
+	if _, err := srv.Delete(bg(), gone); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := cl.List(bg(), ListOptions{After: page[99], HasAfter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRest := append(append([]uint64{}, all[100:500]...), all[501:]...)
+	if !reflect.DeepEqual(rest, wantRest) {
+		t.Fatalf("after a delete ahead of the cursor: %d ids, want %d", len(rest), len(wantRest))
+	}
+
+	if _, err := cl.List(bg(), ListOptions{Filter: Eq("n", struct{}{})}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("List with a bad filter: err = %v", err)
+	}
+	many := make([]uint64, MaxFilterNamespaces+1)
+	if _, err := cl.List(bg(), ListOptions{Namespaces: many}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("List with %d namespaces: err = %v", len(many), err)
+	}
+	ctx, cancel := context.WithCancel(bg())
+	cancel()
+	if _, err := cl.List(ctx, ListOptions{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("List with a cancelled context: err = %v", err)
+	}
+	cl.Close()
+	if _, err := cl.List(bg(), ListOptions{}); !errors.Is(err, ErrClosed) {
+		t.Errorf("List on a closed client: err = %v", err)
 	}
 }

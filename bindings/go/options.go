@@ -168,9 +168,23 @@ type Stats struct {
 
 // OpCount is one request counter of Stats.RequestsBy.
 type OpCount struct {
-	Op     string // "recall", "upsert", "delete", "delete_namespace", "get", "stats", "clear", "delete_where"
+	Op     string // "recall", "upsert", "delete", "delete_namespace", "get", "stats", "clear", "delete_where", "list"
 	Status Status // the status the requests were answered with (StatusOK or an error)
 	Count  uint64
+}
+
+// ListOptions select the memories that List, ListPage and ListPages list. The zero value
+// selects every memory, from the smallest id.
+type ListOptions struct {
+	// Filter keeps the memories whose metadata fields match it; nil keeps them all.
+	Filter *Filter
+	// Namespaces keeps the memories of these namespaces (at most MaxFilterNamespaces); empty
+	// keeps them all. Only read during a call.
+	Namespaces []uint64
+	// After, when HasAfter is set, is the cursor: only ids greater than After are listed
+	// (the last id of the previous page).
+	After    uint64
+	HasAfter bool
 }
 
 // RecallOption changes one recall.

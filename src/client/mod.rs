@@ -58,6 +58,20 @@ pub struct RecallOptions {
     pub timeout_ms: Option<u64>,
 }
 
+/// What [`Kalos::list`] lists: the live memories in one of `namespaces` (all when None) that
+/// match `filter` (all when None), with ids greater than `after` (from the smallest when None).
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    /// `None` = all namespaces; otherwise at most 64.
+    pub namespaces: Option<Vec<u64>>,
+    /// A metadata filter expression in its binary form ([`crate::filter::Expr::encode`]).
+    pub filter: Option<Vec<u8>>,
+    /// The cursor: list ids strictly greater than this one.
+    pub after: Option<u64>,
+    /// Overrides the handle's default deadline (of each request).
+    pub timeout_ms: Option<u64>,
+}
+
 /// Per-call upsert options.
 #[derive(Debug, Clone)]
 pub struct UpsertOptions<'a> {

@@ -1,12 +1,12 @@
 //! The other calls: upsert (split into as many requests as the slot size needs), delete, delete a
-//! namespace, clear, get and stats.
+//! namespace, clear, get, list and stats.
 
-use super::{Kalos, Namespaces, UpsertOptions};
+use super::{Kalos, ListOptions, Namespaces, UpsertOptions};
 use crate::error::{Error, Result, Status};
 use crate::store::{Record, NEVER};
 use crate::types::{check_finite, now_unix_ms};
 use crate::wire::request::{self, upsert_item_bytes, HEAD_RESERVE};
-use crate::wire::response::{read_deleted, read_record, record_bytes};
+use crate::wire::response::{list_fit, read_deleted, read_list, read_record, record_bytes};
 use crate::wire::{Reader, Stats, Writer};
 
 impl Kalos {
@@ -164,6 +164,49 @@ impl Kalos {
             })?;
         }
         Ok(out)
+    }
+
+    /// Lists the ids of the live memories that `opts` selects, in ascending order: at most
+    /// `limit` of them, and how many more match after the last one returned. The listing is
+    /// complete when fewer than `limit` come back, or when none remain; the next page starts
+    /// after the last id returned. `limit` 0 counts the matches only; `usize::MAX` lists them
+    /// all.
+    ///
+    /// A page larger than one slot's reply is fetched with several requests. Writes between
+    /// requests are seen as they happen: a memory that lives and matches throughout is listed
+    /// exactly once, and no id is listed twice.
+    pub fn list(&self, opts: &ListOptions, limit: usize) -> Result<(Vec<u64>, u64)> {
+        let filter = opts.filter.as_deref();
+        if let Some(f) = filter {
+            crate::filter::Expr::decode(f)?;
+        }
+        if let Some(ns) = &opts.namespaces {
+            crate::types::Filter::new(ns)?;
+        }
+        let fit = list_fit(self.seg.data_bytes());
+        let mut after = opts.after;
+        let mut ids = Vec::new();
+        loop {
+            let want = (limit - ids.len()).min(fit);
+            let mut w = Writer::new();
+            request::list(&mut w, opts.namespaces.as_deref(), filter, after, want as u32);
+            if w.len() > self.seg.data_bytes() {
+                return Err(Error::new(Status::TooLarge, format!("a list request of {} bytes does not fit the slot size", w.len())));
+            }
+            let start = ids.len();
+            ids.resize(start + want, 0);
+            let (got, remaining) = self.call(&w.buf, opts.timeout_ms, |resp| read_list(resp, &mut ids[start..]))?;
+            ids.truncate(start + got);
+            if got < want || remaining == 0 || ids.len() == limit {
+                return Ok((ids, remaining));
+            }
+            after = ids.last().copied();
+        }
+    }
+
+    /// Every id that `opts` selects, ascending ([`Kalos::list`] without a limit).
+    pub fn list_all(&self, opts: &ListOptions) -> Result<Vec<u64>> {
+        Ok(self.list(opts, usize::MAX)?.0)
     }
 
     pub fn stats(&self) -> Result<Stats> {

@@ -136,6 +136,8 @@ pub const KALOS_OP_STATS: u32 = 6;
 pub const KALOS_OP_CLEAR: u32 = 7;
 /// Op code: delete by filter expression.
 pub const KALOS_OP_DELETE_WHERE: u32 = 8;
+/// Op code: list ids (`kalos_list`).
+pub const KALOS_OP_LIST: u32 = 9;
 
 // The C op codes are the wire protocol's.
 const _: () = {
@@ -144,6 +146,7 @@ const _: () = {
     assert!(KALOS_OP_DELETE == wire::OP_DELETE && KALOS_OP_DELETE_NAMESPACE == wire::OP_DELETE_NS);
     assert!(KALOS_OP_GET == wire::OP_GET && KALOS_OP_STATS == wire::OP_STATS);
     assert!(KALOS_OP_CLEAR == wire::OP_CLEAR && KALOS_OP_DELETE_WHERE == wire::OP_DELETE_WHERE);
+    assert!(KALOS_OP_LIST == wire::OP_LIST);
 };
 
 /// One request counter of `kalos_stats_ops`: the requests of op `op` that the server answered
@@ -330,6 +333,30 @@ pub struct kalos_upsert_params {
     pub fields_len: usize,
 }
 
+/// What `kalos_list` lists; pass NULL for every memory from the smallest id. Initialise with
+/// `kalos_list_params_init`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct kalos_list_params {
+    /// `sizeof(kalos_list_params)`.
+    pub struct_size: u32,
+    /// 1: list ids strictly greater than `after` (the cursor); 0 (the default): start at the
+    /// smallest id. Any other value is `KALOS_INVALID_ARGUMENT`.
+    pub has_after: u32,
+    /// The cursor, read when `has_after` is 1: the last id of the previous page.
+    pub after: u64,
+    /// Namespace filter: NULL (and length 0) = all namespaces; else up to 64 namespaces.
+    pub namespaces: *const u64,
+    pub namespaces_len: usize,
+    /// Metadata filter expression in its binary form (docs/FORMATS.md, "Filter expressions"),
+    /// or NULL (and length 0) for none. Borrowed for the call only. A malformed expression
+    /// fails the call with `KALOS_INVALID_ARGUMENT` before anything is sent to the server.
+    pub filter: *const u8,
+    pub filter_len: usize,
+    /// Deadline of each request of the call in ms (0 = the handle's default).
+    pub timeout_ms: u64,
+}
+
 /// Server statistics filled by `kalos_stats`. Set `struct_size` before the call.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -488,6 +515,29 @@ pub unsafe extern "C" fn kalos_upsert_params_init(params: *mut kalos_upsert_para
         timeout_ms: 0,
         fields: std::ptr::null(),
         fields_len: 0,
+    };
+    // SAFETY: the caller's contract, passed on.
+    unsafe { write_prefix(params, value, size) };
+}
+
+/// Fills `params` with the defaults (every namespace, no filter, from the smallest id, default
+/// deadline) and sets `struct_size`. Pass `sizeof(struct kalos_list_params)` as `size`; at most
+/// `size` bytes are written (see `kalos_options_init`). NULL, or `size` below 4, is a no-op.
+/// Thread-safe.
+///
+/// # Safety
+/// `params` must be NULL or point to `size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_list_params_init(params: *mut kalos_list_params, size: usize) {
+    let value = kalos_list_params {
+        struct_size: std::mem::size_of::<kalos_list_params>() as u32,
+        has_after: 0,
+        after: 0,
+        namespaces: std::ptr::null(),
+        namespaces_len: 0,
+        filter: std::ptr::null(),
+        filter_len: 0,
+        timeout_ms: 0,
     };
     // SAFETY: the caller's contract, passed on.
     unsafe { write_prefix(params, value, size) };

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::*;
 use super::panic::{guard, set_last_error};
-use crate::client::{Kalos, Namespaces, RecallOptions, UpsertOptions};
+use crate::client::{Kalos, ListOptions, Namespaces, RecallOptions, UpsertOptions};
 use crate::error::{Error, Result, Status};
 use crate::store::NEVER;
 use crate::types::{check_k, Recency, MAX_FILTER_NAMESPACES};
@@ -51,6 +51,18 @@ unsafe fn slice_mut<'a, T>(p: *mut T, len: usize, what: &str) -> Result<&'a mut 
     }
     // SAFETY: the caller promises p points to len writable elements, unaliased during the call.
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+}
+
+/// An optional caller array: None when `p` is NULL and `len` 0 (absent), else as `slice`.
+///
+/// # Safety
+/// As `slice`.
+unsafe fn opt_slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<Option<&'a [T]>> {
+    if p.is_null() && len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { slice(p, len, what) }.map(Some)
 }
 
 /// Packs payloads back to back into `buf` and writes each length (or `KALOS_NO_PAYLOAD`) to
@@ -161,15 +173,15 @@ unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOpti
     if size < std::mem::offset_of!(kalos_recall_params, filter) {
         return Err(Error::new(Status::InvalidArgument, "recall params struct_size too small; call kalos_recall_params_init"));
     }
-    if size >= std::mem::size_of::<kalos_recall_params>() && (!p.filter.is_null() || p.filter_len > 0) {
+    if size >= std::mem::size_of::<kalos_recall_params>() {
         // SAFETY: caller promises filter_len readable bytes.
-        let f = unsafe { slice(p.filter, p.filter_len, "params.filter") }?;
-        crate::filter::Expr::decode(f)?;
-        o.filter = Some(f.to_vec());
+        if let Some(f) = unsafe { opt_slice(p.filter, p.filter_len, "params.filter") }? {
+            crate::filter::Expr::decode(f)?;
+            o.filter = Some(f.to_vec());
+        }
     }
-    if !p.namespaces.is_null() || p.namespaces_len > 0 {
-        // SAFETY: caller promises namespaces_len readable entries.
-        let ns = unsafe { slice(p.namespaces, p.namespaces_len, "params.namespaces") }?;
+    // SAFETY: caller promises namespaces_len readable entries.
+    if let Some(ns) = unsafe { opt_slice(p.namespaces, p.namespaces_len, "params.namespaces") }? {
         if ns.len() > MAX_FILTER_NAMESPACES {
             return Err(Error::new(
                 Status::InvalidArgument,
@@ -739,6 +751,87 @@ pub unsafe extern "C" fn kalos_get(
     })
 }
 
+/// # Safety
+/// `p` NULL or a valid `kalos_list_params` of at least its `struct_size`, its arrays readable
+/// for their lengths.
+unsafe fn read_list_params(p: *const kalos_list_params) -> Result<ListOptions> {
+    let mut o = ListOptions::default();
+    if p.is_null() {
+        return Ok(o);
+    }
+    // SAFETY: non-NULL, valid per contract.
+    let p = unsafe { &*p };
+    if (p.struct_size as usize) < std::mem::size_of::<kalos_list_params>() {
+        return Err(Error::new(Status::InvalidArgument, "list params struct_size too small; call kalos_list_params_init"));
+    }
+    o.after = match p.has_after {
+        0 => None,
+        1 => Some(p.after),
+        v => return Err(Error::new(Status::InvalidArgument, format!("list params has_after = {v}; expected 0 or 1"))),
+    };
+    // SAFETY: caller promises namespaces_len readable entries.
+    o.namespaces = unsafe { opt_slice(p.namespaces, p.namespaces_len, "params.namespaces") }?.map(<[u64]>::to_vec);
+    // SAFETY: caller promises filter_len readable bytes.
+    o.filter = unsafe { opt_slice(p.filter, p.filter_len, "params.filter") }?.map(<[u8]>::to_vec);
+    if p.timeout_ms > 0 {
+        o.timeout_ms = Some(p.timeout_ms);
+    }
+    Ok(o)
+}
+
+/// Lists the ids of the live memories that `params` selects (namespaces, filter expression,
+/// cursor; NULL = every memory from the smallest id), in ascending order: the first `ids_len`
+/// of them go to `ids`, their number to `*count`, and the number of selected memories with a
+/// larger id than the last one written to `*remaining` (may be NULL). Expired memories are not
+/// listed.
+///
+/// Paging: the listing is complete when `*count < ids_len` or `*remaining == 0`; otherwise set
+/// `params->has_after = 1` and `params->after` to the last id written and call again. A memory
+/// that lives and matches throughout is listed exactly once; writes between pages show in later
+/// pages as they happen; no id is listed twice. `ids` may be NULL with `ids_len` 0: the call
+/// then only counts (`*remaining` = every selected memory after the cursor). Each request scans
+/// the whole table once, and a page larger than one slot's reply (slot_bytes / 8 ids) takes
+/// several requests, so pages of thousands of ids are cheap and pages of one are not.
+///
+/// Errors: a malformed filter or more than 64 namespaces is `KALOS_INVALID_ARGUMENT` and sends
+/// nothing; a filter too large for the slot is `KALOS_TOO_LARGE`. Outputs are written on
+/// success only. Nothing is kept after the call. Thread-safe.
+///
+/// # Safety
+/// `params` NULL or initialised by `kalos_list_params_init`, its arrays readable for their
+/// lengths; `ids` writable for `ids_len` entries (NULL only with `ids_len` 0); `count` writable
+/// (NULL gives `KALOS_NULL_POINTER`); `remaining` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_list(
+    h: *const kalos_handle,
+    params: *const kalos_list_params,
+    ids: *mut u64,
+    ids_len: usize,
+    count: *mut usize,
+    remaining: *mut u64,
+) -> kalos_status {
+    guard(|| {
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        if count.is_null() {
+            return Err(null("count"));
+        }
+        // SAFETY: contract of this function.
+        let o = unsafe { read_list_params(params) }?;
+        // SAFETY: contract of this function.
+        let out = unsafe { slice_mut(ids, ids_len, "ids") }?;
+        let (got, rest) = h.list(&o, ids_len)?;
+        out[..got.len()].copy_from_slice(&got);
+        // SAFETY: non-NULL, writable.
+        unsafe { *count = got.len() };
+        if !remaining.is_null() {
+            // SAFETY: non-NULL, writable per contract.
+            unsafe { *remaining = rest };
+        }
+        Ok(())
+    })
+}
+
 /// Fills `*out` with the server's statistics. Set `out->struct_size = sizeof(kalos_stats_info)`
 /// first; a caller built against an older, shorter `kalos_stats_info` gets the fields it knows
 /// (only `struct_size` bytes are written).
@@ -837,13 +930,12 @@ pub unsafe extern "C" fn kalos_stats_ops(
 }
 
 /// Stable name of an op code ("recall", "upsert", "delete", "delete_namespace", "get",
-/// "stats", "clear", "delete_where"), the same names as kalosd's metrics; "unknown" for other
-/// values. The string is static: never free it. Thread-safe.
+/// "stats", "clear", "delete_where", "list"), the same names as kalosd's metrics; "unknown"
+/// for other values. The string is static: never free it. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kalos_op_name(op: u32) -> *const c_char {
-    static NAMES: once_cell::sync::Lazy<Vec<std::ffi::CString>> = once_cell::sync::Lazy::new(|| {
-        (0..=KALOS_OP_DELETE_WHERE).map(|op| std::ffi::CString::new(crate::wire::op_name(op)).unwrap()).collect()
-    });
+    static NAMES: once_cell::sync::Lazy<Vec<std::ffi::CString>> =
+        once_cell::sync::Lazy::new(|| (0..=KALOS_OP_LIST).map(|op| std::ffi::CString::new(crate::wire::op_name(op)).unwrap()).collect());
     NAMES.get(op as usize).map_or(c"unknown".as_ptr(), |n| n.as_ptr())
 }
 

@@ -33,7 +33,7 @@ use jni::sys::{jdouble, jfloat, jint, jlong, jobject, jobjectArray, jstring};
 use jni::{jni_sig, jni_str, Env, EnvUnowned, JValue, Outcome};
 use once_cell::sync::OnceCell;
 
-use crate::client::{Kalos, Namespaces, Options, RecallOptions, UpsertOptions};
+use crate::client::{Kalos, ListOptions, Namespaces, Options, RecallOptions, UpsertOptions};
 use crate::error::{Error, Status};
 use crate::store::NEVER;
 use crate::types::{Backend, Dtype, Metric, Recency, Role, SyncPolicy, MAX_K};
@@ -704,6 +704,43 @@ pub extern "system" fn Java_io_kalos_Native_deleteWhere<'l>(
         let ns = opt_long_vec(env, &ns)?;
         let filter = opt_byte_vec(env, &filter)?.unwrap_or_default();
         Ok(kal.delete_where(ns.as_deref(), &filter)? as jlong)
+    })
+}
+
+/// `static native long[] list(long h, long[] ns, byte[] filter, boolean hasAfter, long after,
+/// int limit, long timeoutMs, long[] remaining)`: one page of ids, ascending (`Kalos::list`);
+/// `remaining[0]` gets how many more match after the page's last id.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)] // one argument per field of the Java call
+pub extern "system" fn Java_io_kalos_Native_list<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ns: JLongArray<'l>,
+    filter: JByteArray<'l>,
+    has_after: jni::sys::jboolean,
+    after: jlong,
+    limit: jint,
+    timeout_ms: jlong,
+    remaining: JLongArray<'l>,
+) -> jobject {
+    run(&mut env, |env| {
+        let kal = handle(h)?;
+        null_check(&remaining, "remaining")?;
+        if limit < 0 {
+            return kerr(Status::InvalidArgument, format!("limit {limit} must be >= 0"));
+        }
+        let opts = ListOptions {
+            namespaces: opt_long_vec(env, &ns)?,
+            filter: opt_byte_vec(env, &filter)?,
+            after: has_after.then_some(after as u64),
+            timeout_ms: timeout_opt(timeout_ms)?,
+        };
+        let (ids, rest) = kal.list(&opts, limit as usize)?;
+        remaining.set_region(env, 0, &[rest as i64])?;
+        let arr = env.new_long_array(ids.len())?;
+        arr.set_region(env, 0, as_i64(&ids))?;
+        Ok(arr.into_raw())
     })
 }
 

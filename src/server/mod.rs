@@ -14,7 +14,7 @@
 //! - `gather`: how long to wait for more concurrent requests before running a batch.
 //! - `write`: upsert, delete, clear and the batch's group commit.
 //! - `recall`: parsing recalls, grouping them into engine calls, their responses.
-//! - `get`, `stats`: the other reads; `stats` also keeps the counters.
+//! - `get` (also LIST), `stats`: the other reads; `stats` also keeps the counters.
 //! - `publish`: writing responses into slots and waking clients.
 //!
 //! Requests and responses are encoded and decoded by [`crate::wire`]; the engine is chosen, and

@@ -11,7 +11,7 @@ use crate::error::{Error, Status};
 use crate::shm::{self, futex};
 use crate::types::now_unix_ms;
 use crate::wire::request::{body_of, op_of, RECALL_HEAD_MAX};
-use crate::wire::{FLAG_FILTER, OP_GET, OP_RECALL, OP_STATS};
+use crate::wire::{FLAG_FILTER, OP_GET, OP_LIST, OP_RECALL, OP_STATS};
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 /// Busy-poll without yielding for this long after a request (see `run`).
@@ -198,6 +198,7 @@ impl Server {
             if results[i].is_none() {
                 let r = match p.op() {
                     OP_GET => self.do_get(p.body()),
+                    OP_LIST => self.do_list(p.body()),
                     OP_STATS => self.do_stats(),
                     op => Err(Error::new(Status::InvalidArgument, format!("unknown request op {op}"))),
                 };

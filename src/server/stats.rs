@@ -8,8 +8,8 @@ use crate::error::Result;
 use crate::error::Status;
 use crate::wire::{OpLatency, OpStatusCount, Stats, Writer, LATENCY_BUCKETS_NS};
 
-/// Op codes counted by op (1..OPS, up to OP_DELETE_WHERE); others count as op 0.
-const OPS: usize = crate::wire::OP_DELETE_WHERE as usize + 1;
+/// Op codes counted by op (1..OPS, up to OP_LIST); others count as op 0.
+const OPS: usize = crate::wire::OP_LIST as usize + 1;
 /// Status values counted (0..STATUSES); others count as INTERNAL.
 const STATUSES: usize = 32;
 const BUCKETS: usize = LATENCY_BUCKETS_NS.len() + 1;

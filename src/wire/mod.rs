@@ -20,6 +20,12 @@
 //! - STATS: nothing. Response: [`Stats`] counters as u64s, then the engine name and the fallback
 //!   reason (each a u32 length and the bytes).
 //! - CLEAR: nothing. Response: deleted u64.
+//! - DELETE_WHERE: nns u32 (u32::MAX = all namespaces), ns u64[nns], len u32, filter bytes.
+//!   Response: deleted u64.
+//! - LIST: flags u32 (1 = after is set, 2 = a filter follows), limit u32, after u64, nns u32
+//!   (u32::MAX = all namespaces), ns u64[nns], then (flag 2) len u32 and the filter bytes.
+//!   Response: remaining u64 (matching ids after the last one listed), count u32, ids u64[count]
+//!   ascending.
 //!
 //! An error response carries the UTF-8 message as its body and a non-zero status.
 //!
@@ -34,7 +40,8 @@ pub mod response;
 
 pub use codec::{f32_bytes, f32_view, Reader, Writer, NONE_U32};
 pub use request::{
-    op_name, FLAG_FILTER, FLAG_PAYLOADS, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_GET, OP_RECALL, OP_STATS, OP_UPSERT,
+    op_name, FLAG_FILTER, FLAG_PAYLOADS, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_GET, OP_LIST, OP_RECALL, OP_STATS,
+    OP_UPSERT,
 };
 pub use request::{SearchRequest, SlotQueries};
 pub use response::{DirectOut, OpLatency, OpStatusCount, Stats, LATENCY_BUCKETS_NS};

@@ -17,6 +17,7 @@ pub const OP_GET: u32 = 5;
 pub const OP_STATS: u32 = 6;
 pub const OP_CLEAR: u32 = 7;
 pub const OP_DELETE_WHERE: u32 = 8;
+pub const OP_LIST: u32 = 9;
 
 /// The name of op code `op` (metrics labels); "unknown" for any other value.
 pub fn op_name(op: u32) -> &'static str {
@@ -29,6 +30,7 @@ pub fn op_name(op: u32) -> &'static str {
         OP_STATS => "stats",
         OP_CLEAR => "clear",
         OP_DELETE_WHERE => "delete_where",
+        OP_LIST => "list",
         _ => "unknown",
     }
 }
@@ -145,6 +147,60 @@ pub fn decode_delete_where(body: &[u8]) -> Result<Filter> {
         return Err(Error::new(Status::InvalidArgument, format!("delete-where carries {} trailing bytes", r.remaining())));
     }
     Ok(f)
+}
+
+/// LIST flag: the listing starts after the request's cursor id (else at the smallest id).
+pub const LIST_AFTER: u32 = 1;
+/// LIST flag: a metadata filter expression (`len u32 | bytes`) follows the namespaces.
+pub const LIST_FILTER: u32 = 2;
+
+/// Appends a LIST request: the ids of the live memories that match the namespace list (when
+/// given) and the filter expression (when given), greater than `after` (when given), ascending,
+/// at most `limit` of them.
+pub fn list(w: &mut Writer, namespaces: Option<&[u64]>, filter: Option<&[u8]>, after: Option<u64>, limit: u32) {
+    let flags = if after.is_some() { LIST_AFTER } else { 0 } | if filter.is_some() { LIST_FILTER } else { 0 };
+    w.u32(OP_LIST).u32(flags).u32(limit).u64(after.unwrap_or(0));
+    match namespaces {
+        None => w.u32(NONE_U32),
+        Some(ns) => w.u32(ns.len() as u32).u64s(ns),
+    };
+    if let Some(f) = filter {
+        w.u32(f.len() as u32).bytes(f);
+    }
+}
+
+/// A LIST request, as read from the wire.
+#[derive(Debug, Clone)]
+pub struct ListRequest {
+    /// Namespaces and the checked expression.
+    pub filter: Filter,
+    /// List ids strictly greater than this; None = from the smallest id.
+    pub after: Option<u64>,
+    /// Most ids in the reply.
+    pub limit: usize,
+}
+
+impl ListRequest {
+    /// Reads a LIST body; the whole body must be used.
+    pub fn decode(body: &[u8]) -> Result<ListRequest> {
+        let mut r = Reader::new(body);
+        let flags = r.u32("flags")?;
+        if flags & !(LIST_AFTER | LIST_FILTER) != 0 {
+            return Err(Error::new(Status::InvalidArgument, format!("unknown list flags {flags:#x}")));
+        }
+        let limit = r.u32("limit")? as usize;
+        let after = r.u64("after")?;
+        let nns = r.u32("namespace count")?;
+        let mut f = if nns == NONE_U32 { Filter::all() } else { Filter::new(&r.u64s(nns as usize, "namespaces")?)? };
+        if flags & LIST_FILTER != 0 {
+            let n = r.u32("filter length")? as usize;
+            f = f.with_expr(r.take(n, "filter")?)?;
+        }
+        if r.remaining() != 0 {
+            return Err(Error::new(Status::InvalidArgument, format!("list carries {} trailing bytes", r.remaining())));
+        }
+        Ok(ListRequest { filter: f, after: (flags & LIST_AFTER != 0).then_some(after), limit })
+    }
 }
 
 /// Appends an UPSERT request of `ids.len()` items: `vectors` holds their values back to back,

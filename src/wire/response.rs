@@ -277,6 +277,38 @@ pub fn read_deleted(resp: &[u8]) -> Result<u64> {
     Reader::new(resp).u64("deleted")
 }
 
+/// Bytes of a LIST response before its ids: `remaining u64 | count u32`.
+pub const LIST_HEAD_BYTES: usize = 12;
+
+/// Most ids one LIST response carries in a slot data area of `data_bytes`.
+pub const fn list_fit(data_bytes: usize) -> usize {
+    data_bytes.saturating_sub(LIST_HEAD_BYTES) / 8
+}
+
+/// The response of LIST: the matching memories after the last id listed (`remaining`), then
+/// the ids.
+pub fn list_reply(ids: &[u64], remaining: u64) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u64(remaining).u32(ids.len() as u32).u64s(ids);
+    w.buf
+}
+
+/// Reads a LIST response into `out`: (ids written, memories remaining after them). INTERNAL
+/// when it carries more ids than `out` holds (checked before any is read).
+pub fn read_list(resp: &[u8], out: &mut [u64]) -> Result<(usize, u64)> {
+    let mut r = Reader::new(resp);
+    let remaining = r.u64("remaining")?;
+    let n = r.u32("count")? as usize;
+    if n > out.len() {
+        return Err(Error::new(Status::Internal, format!("server listed {n} ids; {} were asked for", out.len())));
+    }
+    let b = r.take(n * 8, "ids")?;
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(8)) {
+        *o = u64::from_le_bytes(c.try_into().unwrap());
+    }
+    Ok((n, remaining))
+}
+
 /// The body of an error response: the message.
 pub fn error_body(message: impl Into<String>) -> Vec<u8> {
     message.into().into_bytes()

@@ -654,6 +654,164 @@ static void test_stats_ops(void) {
     kalos_close(h);
 }
 
+/* ---- 8. listing ids in pages (kalos_list) ---- */
+static int u64_cmp(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every id that params selects, in pages of `page` walked with the cursor; returns the count
+   (at most cap) or (size_t)-1 on an error or a wrong `remaining`. */
+static size_t list_pages(kalos_handle *h, kalos_list_params *p, size_t page, uint64_t *out, size_t cap) {
+    size_t n = 0;
+    p->has_after = 0;
+    for (;;) {
+        size_t cnt = 0;
+        uint64_t remaining = 0;
+        if (n + page > cap) return (size_t)-1;
+        kalos_status st = kalos_list(h, p, out + n, page, &cnt, &remaining);
+        if (st != KALOS_OK) return (size_t)-1;
+        n += cnt;
+        if (cnt < page || remaining == 0) return n;
+        p->has_after = 1;
+        p->after = out[n - 1];
+    }
+}
+
+static void test_list(void) {
+    char name[64];
+    snprintf(name, sizeof name, "charness-list-%d", (int)getpid());
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_SERVER, 4);
+    o.slot_bytes = 4096; /* a reply holds 510 ids: long pages take several requests */
+    o.max_payload_bytes = 1024;
+    kalos_handle *h = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_OK);
+    enum { N = 3000 };
+    static uint64_t ids[N], want[N], got[N + 1024];
+    static float vecs[N * 4];
+    /* Distinct ids spread over the u64 range (an odd multiplier is a bijection). */
+    for (size_t i = 0; i < N; i++) {
+        ids[i] = (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        for (int d = 0; d < 4; d++) vecs[i * 4 + d] = rndf();
+    }
+    /* Fields block: one item per id, field "p" = int64 i % 3 (docs/FORMATS.md). */
+    static unsigned char blk[5 + N * 13];
+    size_t at = 0;
+    blk[at++] = 1;
+    uint32_t nitems = N;
+    memcpy(blk + at, &nitems, 4);
+    at += 4;
+    for (size_t i = 0; i < N; i++) {
+        uint16_t one = 1;
+        int64_t v = (int64_t)(i % 3);
+        memcpy(blk + at, &one, 2);
+        at += 2;
+        blk[at++] = 1;
+        blk[at++] = 'p';
+        blk[at++] = 3;
+        memcpy(blk + at, &v, 8);
+        at += 8;
+    }
+    kalos_upsert_params up;
+    kalos_upsert_params_init(&up, sizeof up);
+    static uint64_t nss[N];
+    for (size_t i = 0; i < N; i++) nss[i] = i % 2;
+    up.namespaces = nss;
+    up.namespaces_len = N;
+    up.fields = blk;
+    up.fields_len = at;
+    CHECK_STATUS(kalos_upsert(h, ids, N, vecs, N * 4, &up), KALOS_OK);
+    uint64_t gone[100];
+    for (size_t i = 0; i < 100; i++) gone[i] = ids[i * 29];
+    CHECK_STATUS(kalos_delete(h, gone, 100, NULL), KALOS_OK);
+
+    /* Every memory, NULL params, one call. */
+    size_t m = 0;
+    for (size_t i = 0; i < N; i++)
+        if (i % 29 != 0 || i / 29 >= 100) want[m++] = ids[i];
+    qsort(want, m, sizeof *want, u64_cmp);
+    size_t cnt = 0;
+    uint64_t remaining = 99;
+    CHECK_STATUS(kalos_list(h, NULL, got, N + 1024, &cnt, &remaining), KALOS_OK);
+    CHECK(cnt == m && remaining == 0 && memcmp(got, want, m * sizeof *got) == 0, "list all: %zu of %zu", cnt, m);
+
+    /* Pages of several sizes; namespace 1 and p == 0 (a filter). */
+    kalos_list_params p;
+    kalos_list_params_init(&p, sizeof p);
+    size_t sizes[3] = {1, 97, 1200};
+    for (int s = 0; s < 3; s++) {
+        size_t n = list_pages(h, &p, sizes[s], got, N + 1024);
+        CHECK(n == m && memcmp(got, want, m * sizeof *got) == 0, "pages of %zu: %zu of %zu", sizes[s], n, m);
+    }
+    uint64_t one_ns = 1;
+    const unsigned char eq_p0[] = {1, 4, 1, 'p', 3, 0, 0, 0, 0, 0, 0, 0, 0};
+    p.namespaces = &one_ns;
+    p.namespaces_len = 1;
+    p.filter = eq_p0;
+    p.filter_len = sizeof eq_p0;
+    size_t w = 0;
+    for (size_t i = 0; i < N; i++)
+        if ((i % 29 != 0 || i / 29 >= 100) && i % 2 == 1 && i % 3 == 0) want[w++] = ids[i];
+    qsort(want, w, sizeof *want, u64_cmp);
+    size_t n = list_pages(h, &p, 50, got, N + 1024);
+    CHECK(n == w && memcmp(got, want, w * sizeof *got) == 0, "namespace 1, p == 0: %zu of %zu", n, w);
+    /* Counting only: ids NULL, ids_len 0. */
+    p.has_after = 0;
+    cnt = 7;
+    CHECK_STATUS(kalos_list(h, &p, NULL, 0, &cnt, &remaining), KALOS_OK);
+    CHECK(cnt == 0 && remaining == w, "count only: %llu, want %zu", (unsigned long long)remaining, w);
+
+    /* Deletes between pages: an id ahead of the cursor is not listed. */
+    p.namespaces = NULL;
+    p.namespaces_len = 0;
+    p.filter = NULL;
+    p.filter_len = 0;
+    CHECK_STATUS(kalos_list(h, &p, got, 10, &cnt, &remaining), KALOS_OK);
+    uint64_t ahead = want[w - 1];
+    CHECK_STATUS(kalos_delete(h, &ahead, 1, NULL), KALOS_OK);
+    p.has_after = 1;
+    p.after = got[9];
+    CHECK_STATUS(kalos_list(h, &p, got, N + 1024, &cnt, &remaining), KALOS_OK);
+    int seen = 0, up_only = 1;
+    for (size_t i = 0; i < cnt; i++) {
+        seen |= got[i] == ahead;
+        if (i > 0 && got[i] <= got[i - 1]) up_only = 0;
+    }
+    CHECK(!seen && up_only && cnt == m - 11, "after a delete ahead of the cursor: %zu ids, want %zu", cnt, m - 11);
+
+    /* Bad input: a malformed filter, has_after 2, a short struct, NULL count or ids; outputs
+       untouched. */
+    const unsigned char bad[] = {1, 99};
+    kalos_list_params_init(&p, sizeof p);
+    p.filter = bad;
+    p.filter_len = sizeof bad;
+    cnt = 12345;
+    CHECK_STATUS(kalos_list(h, &p, got, 10, &cnt, &remaining), KALOS_INVALID_ARGUMENT);
+    CHECK(cnt == 12345 && strstr(kalos_last_error(), "unknown operator 99") != NULL, "malformed filter: %s", kalos_last_error());
+    kalos_list_params_init(&p, sizeof p);
+    p.has_after = 2;
+    CHECK_STATUS(kalos_list(h, &p, got, 10, &cnt, &remaining), KALOS_INVALID_ARGUMENT);
+    kalos_list_params_init(&p, sizeof p);
+    p.struct_size = 8;
+    CHECK_STATUS(kalos_list(h, &p, got, 10, &cnt, &remaining), KALOS_INVALID_ARGUMENT);
+    CHECK_STATUS(kalos_list(h, NULL, got, 10, NULL, &remaining), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_list(h, NULL, NULL, 10, &cnt, &remaining), KALOS_NULL_POINTER);
+    CHECK_STATUS(kalos_list(NULL, NULL, got, 10, &cnt, &remaining), KALOS_NULL_POINTER);
+    CHECK(cnt == 12345, "count untouched by failed calls");
+    CHECK_STATUS(kalos_list(h, NULL, got, 10, &cnt, NULL), KALOS_OK);
+    CHECK(cnt == 10, "remaining may be NULL");
+    /* The initialiser stays within the caller's size. */
+    unsigned char pbuf[sizeof(kalos_list_params) + 8];
+    memset(pbuf, 0x5A, sizeof pbuf);
+    kalos_list_params_init((kalos_list_params *)pbuf, 16);
+    int canary = 1;
+    for (size_t i = 16; i < sizeof pbuf; i++) canary &= pbuf[i] == 0x5A;
+    CHECK(canary && ((kalos_list_params *)pbuf)->struct_size == 16, "list params init wrote past 16 bytes");
+    CHECK(strcmp(kalos_op_name(KALOS_OP_LIST), "list") == 0, "op name of list");
+    kalos_close(h);
+}
+
 int main(void) {
     const char *seed = getenv("KALOS_SEED");
     g_rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
@@ -664,6 +822,7 @@ int main(void) {
     test_role_auto();
     test_older_layouts();
     test_stats_ops();
+    test_list();
     test_server_closed();
     test_server_killed();
     test_multiprocess();

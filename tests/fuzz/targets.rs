@@ -67,7 +67,7 @@ fn mutated_or_random(rng: &mut StdRng, base: Vec<u8>, fields: &[Field], keep: us
 pub fn valid_request(rng: &mut StdRng, dim: usize) -> (Vec<u8>, Vec<Field>) {
     let mut w = Writer::new();
     let mut f = Vec::new();
-    match rng.random_range(0..9) {
+    match rng.random_range(0..10) {
         0..=2 => {
             let k = if rng.random_range(0..4) == 0 { rng.random_range(1..=1024) } else { rng.random_range(1..=10) };
             let nq = rng.random_range(1..=3);
@@ -125,6 +125,15 @@ pub fn valid_request(rng: &mut StdRng, dim: usize) -> (Vec<u8>, Vec<Field>) {
         }
         6 => request::delete_namespace(&mut w, rng.random_range(0..4)),
         7 => request::stats(&mut w),
+        8 => {
+            let ns: Option<Vec<u64>> =
+                (rng.random_range(0..3) == 0).then(|| (0..rng.random_range(0..6)).map(|_| rng.random_range(0..4)).collect());
+            let filter =
+                rng.random::<bool>().then(|| kalos::filter::Expr::eq("a", kalos::meta::Value::Int(rng.random_range(0..4))).encode());
+            let after = rng.random::<bool>().then(|| rng.random_range(0..16));
+            request::list(&mut w, ns.as_deref(), filter.as_deref(), after, rng.random_range(0..20));
+            f.extend([Field::u32(4), Field::u32(8), Field::u64(12), Field::u32(20)]);
+        }
         _ => {
             if rng.random_range(0..4) == 0 {
                 request::clear(&mut w);
@@ -212,6 +221,10 @@ pub fn check_request(input: &[u8]) {
     if let Ok(ns) = request::decode_namespace(body) {
         assert_eq!(&ns.to_le_bytes()[..], &body[..8]);
     }
+    if let Ok(l) = request::ListRequest::decode(body) {
+        assert_eq!((l.limit, l.after.is_some()), (u32_at(body, 4) as usize, u32_at(body, 0) & request::LIST_AFTER != 0));
+        assert!(l.filter.namespaces.as_ref().is_none_or(|ns| ns.len() <= kalos::types::MAX_FILTER_NAMESPACES));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -229,7 +242,7 @@ pub fn gen_response(rng: &mut StdRng) -> Vec<u8> {
     let hits = |rng: &mut StdRng, n: usize| -> Vec<kalos::Hit> {
         (0..n).map(|_| kalos::Hit { id: rng.random(), score: mutate::float(rng) }).collect()
     };
-    match rng.random_range(0..5) {
+    match rng.random_range(0..6) {
         0 => {
             let lists: Vec<Vec<kalos::Hit>> = (0..nq)
                 .map(|_| {
@@ -283,6 +296,11 @@ pub fn gen_response(rng: &mut StdRng) -> Vec<u8> {
             };
             s.encode(&mut w);
             f.extend([Field::u32(4 + 144), Field::u32(4 + 151)]);
+        }
+        4 => {
+            let ids: Vec<u64> = (0..rng.random_range(0..=k)).map(|_| rng.random()).collect();
+            w.bytes(&response::list_reply(&ids, rng.random()));
+            f.push(Field::u32(4 + 8));
         }
         _ => {
             w.bytes(&response::deleted(rng.random()));
@@ -340,6 +358,11 @@ pub fn check_response(input: &[u8]) {
             };
             assert_eq!(&w.buf[..n], &resp[..n], "stats re-encode to their bytes");
         }
+    }
+    let mut listed = vec![0u64; k];
+    if let Ok((n, remaining)) = response::read_list(resp, &mut listed) {
+        assert!(n <= k);
+        assert_eq!(&response::list_reply(&listed[..n], remaining)[..], &resp[..12 + 8 * n], "a list body re-encodes to its bytes");
     }
     let _ = response::read_deleted(resp);
     let _ = response::error_message(resp);
@@ -904,6 +927,13 @@ pub fn check_server(servers: &Servers, input: &[u8]) {
         }
         kalos::wire::OP_DELETE | kalos::wire::OP_DELETE_NS | kalos::wire::OP_CLEAR => {
             response::read_deleted(&body).expect("a delete answer parses");
+        }
+        kalos::wire::OP_LIST => {
+            let req = request::ListRequest::decode(body_req).expect("an answered list is a valid request");
+            let mut ids = vec![0u64; req.limit];
+            let (n, _) = response::read_list(&body, &mut ids).expect("a LIST answer parses");
+            assert!(ids[..n].windows(2).all(|w| w[0] < w[1]), "listed ids ascend");
+            assert!(req.after.is_none_or(|a| ids[..n].iter().all(|&i| i > a)), "listed ids follow the cursor");
         }
         _ => {}
     }

@@ -34,7 +34,9 @@ import threading
 import time
 import weakref
 from ctypes import addressof, byref, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Any, Dict, Iterable, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, overload
+from typing import (
+    Any, Dict, Iterable, Iterator, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, overload,
+)
 
 import numpy as np
 
@@ -200,6 +202,26 @@ def _filter_bytes(f: Any) -> Optional[bytes]:
         return _filters.as_bytes(f)
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"INVALID_ARGUMENT: filter: {e}", STATUS_CODES["INVALID_ARGUMENT"]) from e
+
+
+def _scope_params(p: Any, fb: Optional[bytes], namespace: Optional[int], namespaces: Optional[Iterable[int]]) -> List[Any]:
+    """Sets the filter and namespace fields of a ``kalos_recall_params`` or ``kalos_list_params``;
+    returns the buffers they point into, which must stay alive while ``p`` is used."""
+    keep: List[Any] = []
+    if fb is not None:
+        fbuf = (ctypes.c_uint8 * max(len(fb), 1)).from_buffer_copy(fb or b"\0")
+        keep.append(fbuf)
+        p.filter = ctypes.cast(fbuf, ctypes.POINTER(ctypes.c_uint8))
+        p.filter_len = len(fb)
+    if namespace is not None or namespaces is not None:
+        ns = [namespace] if namespace is not None else []
+        if namespaces is not None:
+            ns.extend(namespaces)
+        nsa = _u64_1d(ns)
+        keep.append(nsa)
+        p.namespaces = nsa.ctypes.data_as(ctypes.POINTER(c_uint64))
+        p.namespaces_len = nsa.shape[0]
+    return keep
 
 
 def status_name(status: int) -> str:
@@ -420,20 +442,7 @@ class Kalos:
             return None, None
         p = _ffi.kalos_recall_params()
         _lib.kalos_recall_params_init(byref(p), ctypes.sizeof(p))
-        keep: Any = None
-        if fb is not None:
-            fbuf = (ctypes.c_uint8 * max(len(fb), 1)).from_buffer_copy(fb or b"\0")
-            p.filter = ctypes.cast(fbuf, ctypes.POINTER(ctypes.c_uint8))
-            p.filter_len = len(fb)
-            keep = [fbuf]
-        if namespace is not None or namespaces is not None:
-            ns = [namespace] if namespace is not None else []
-            if namespaces is not None:
-                ns.extend(namespaces)
-            nsa = _u64_1d(ns)
-            keep = [keep, nsa]
-            p.namespaces = nsa.ctypes.data_as(ctypes.POINTER(c_uint64))
-            p.namespaces_len = nsa.shape[0]
+        keep = _scope_params(p, fb, namespace, namespaces)
         if recency_weight:
             p.recency_weight = recency_weight
             p.recency_half_life_ms = (half_life or 0.0) * 1000.0
@@ -851,6 +860,82 @@ class Kalos:
             pls = _split_payloads(s.buf, lens) if lens is not None else None
             return Records(i.copy() if i is ids else i, vec, nss, pls)
         raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: payloads kept growing")  # pragma: no cover
+
+    #: Ids one :meth:`list` call asks the library for at a time (512 KiB of ids).
+    LIST_PAGE = 1 << 16
+
+    def list_pages(
+        self,
+        filter: Any = None,  # noqa: A002
+        *,
+        namespace: Optional[int] = None,
+        namespaces: Optional[Iterable[int]] = None,
+        after: Optional[int] = None,
+        page_size: int = LIST_PAGE,
+        timeout: Optional[float] = None,
+    ) -> Iterator[np.ndarray]:
+        """The ids of the live memories that match ``filter`` (an Expr, a filter dict or its
+        binary form; None: every memory) and the namespaces, ascending, as uint64 arrays of at
+        most ``page_size`` ids (``kalos_list``). Each page is one call from the last id of the one
+        before (``after`` starts the first past that id), so writes between pages show as they
+        happen: a memory that lives and matches throughout is listed exactly once, no id twice.
+        Each request scans the table once: prefer pages of thousands of ids."""
+        page_size = _index(page_size, "page_size")
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        fb = _filter_bytes(filter)
+        p = _ffi.kalos_list_params()
+        _lib.kalos_list_params_init(byref(p), ctypes.sizeof(p))
+        keep = _scope_params(p, fb, namespace, namespaces)  # noqa: F841 - alive while pages are read
+        if after is not None:
+            p.has_after, p.after = 1, _u64(after, "after")
+        p.timeout_ms = _ms(timeout, "timeout")
+        cnt, remaining = c_size_t(0), c_uint64(0)
+        while True:
+            out = np.empty(page_size, _U64)
+            h = self._enter()
+            try:
+                rc = _lib.kalos_list(h, addressof(p), _addr(out), page_size, addressof(cnt), addressof(remaining))
+            finally:
+                self._active.pop()
+            _check(rc)
+            n = cnt.value
+            if n:
+                yield out[:n]
+            if n < page_size or remaining.value == 0:
+                return
+            p.has_after, p.after = 1, int(out[n - 1])
+
+    def list(
+        self,
+        filter: Any = None,  # noqa: A002
+        *,
+        namespace: Optional[int] = None,
+        namespaces: Optional[Iterable[int]] = None,
+        after: Optional[int] = None,
+        limit: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> np.ndarray:
+        """The ids (uint64, ascending) of the live memories that match ``filter`` and the
+        namespaces, greater than ``after`` when given: all of them, or the first ``limit``
+        (see :meth:`list_pages`, which this pages through)."""
+        if limit is not None:
+            limit = _index(limit, "limit")
+            if limit < 0:
+                raise ValueError(f"limit must be >= 0, got {limit}")
+            if limit == 0:
+                return np.empty(0, _U64)
+        page = self.LIST_PAGE if limit is None else min(limit, self.LIST_PAGE)
+        parts: List[np.ndarray] = []
+        n = 0
+        for part in self.list_pages(filter, namespace=namespace, namespaces=namespaces, after=after, page_size=page,
+                                    timeout=timeout):
+            parts.append(part)
+            n += len(part)
+            if limit is not None and n >= limit:
+                break
+        ids = np.concatenate(parts) if parts else np.empty(0, _U64)
+        return ids if limit is None else ids[:limit]
 
     def stats(self) -> Dict[str, Any]:
         """Server statistics as a dict (``count``, ``capacity``, ``dim``, ``metric``, ``engine``,

@@ -75,6 +75,7 @@ KALOS_OP_GET = 5
 KALOS_OP_STATS = 6
 KALOS_OP_CLEAR = 7
 KALOS_OP_DELETE_WHERE = 8
+KALOS_OP_LIST = 9
 
 KALOS_SCAN_EXACT = 0
 KALOS_SCAN_INT8 = 1
@@ -196,6 +197,19 @@ class kalos_upsert_params(Structure):
     ]
 
 
+class kalos_list_params(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("has_after", c_uint32),
+        ("after", c_uint64),
+        ("namespaces", POINTER(c_uint64)),
+        ("namespaces_len", c_size_t),
+        ("filter", POINTER(c_uint8)),
+        ("filter_len", c_size_t),
+        ("timeout_ms", c_uint64),
+    ]
+
+
 class kalos_stats_info(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -259,6 +273,7 @@ _CTYPES: Dict[str, Any] = {
     "struct kalos_recall_args *": POINTER(kalos_recall_args),
     "struct kalos_recall_params *": POINTER(kalos_recall_params),
     "struct kalos_upsert_params *": POINTER(kalos_upsert_params),
+    "struct kalos_list_params *": POINTER(kalos_list_params),
     "struct kalos_stats_info *": POINTER(kalos_stats_info),
     "struct kalos_op_count *": POINTER(kalos_op_count),
 }
@@ -310,6 +325,10 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
     "kalos_get": _sig(kalos_status,
         "const struct kalos_handle *", "const uint64_t *", "size_t", "float *", "size_t", "uint64_t *",
         "size_t", "uint8_t *", "size_t", "uint32_t *", "size_t", "size_t *"),
+    "kalos_list_params_init": _sig(None, "struct kalos_list_params *", "size_t"),
+    "kalos_list": _sig(kalos_status,
+        "const struct kalos_handle *", "const struct kalos_list_params *", "uint64_t *", "size_t", "size_t *",
+        "uint64_t *"),
     "kalos_stats": _sig(kalos_status, "const struct kalos_handle *", "struct kalos_stats_info *"),
     "kalos_stats_ops": (kalos_status, [
         ("const struct kalos_handle *", kalos_handle_p),

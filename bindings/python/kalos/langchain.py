@@ -28,8 +28,11 @@ Filters:
   exact (k documents whenever k match). A dict on the namespace key alone (a value, ``$eq``
   or ``$in``) is a namespace filter.
 * a callable ``f(Document) -> bool``: cannot run inside the scan. It is applied to candidates
-  fetched in growing rounds (4k, 16k, ... up to 1024) until k pass or the store is exhausted:
-  the slower path, and above 1024 candidates it may return fewer than k.
+  fetched in growing rounds (4k, 16k, ... up to 1024) until k pass; when the best 1024 hold
+  fewer than k, every other document (in the ``namespace`` given) is listed, tested, and those
+  that pass are scored exactly here from their stored vectors
+  (:func:`kalos._adapter.top_k_accepted`). The result is exact whatever the store size (k
+  documents whenever k pass): the slower path, the more so the rarer the callable passes.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 import kalos
 from kalos import filters as _filters
-from kalos._adapter import typed_fields, upsert_lenient
+from kalos._adapter import top_k_accepted, typed_fields, upsert_lenient
 from kalos._ids import namespace_of, str_to_u64
 
 __all__ = ["KalosVectorStore"]
@@ -276,23 +279,20 @@ class KalosVectorStore(VectorStore):
         """Top-k documents and Kalos scores (cosine/ip: higher is better; l2: lower).
 
         ``filter``: a dict (inside the scan, exact) or a callable on the Document (the slower
-        path: candidates in growing rounds until k pass; see the module docs)."""
+        path, exact too: candidates in growing rounds, then every candidate; see the module
+        docs)."""
         if k <= 0:
             return []
         q = np.asarray(embedding, dtype=np.float32)
         if callable(filter):
+            test = filter
+
+            def accept(p: Optional[bytes]) -> Optional[Document]:
+                doc = self._document(p)
+                return doc if doc is not None and test(doc) else None
+
             ns = self._filter_namespaces(None, namespace)
-            fetch = min(4 * k, kalos.MAX_K)
-            while True:
-                ids, scores, payloads = self.client.recall(q, fetch, namespaces=ns, payloads=True)
-                out = []
-                for s, p in zip(scores.tolist(), payloads):
-                    doc = self._document(p)
-                    if doc is not None and filter(doc):
-                        out.append((doc, float(s)))
-                if len(out) >= k or len(ids) < fetch or fetch >= kalos.MAX_K:
-                    return out[:k]
-                fetch = min(4 * fetch, kalos.MAX_K)
+            return top_k_accepted(self.client, q, k, self._metric, accept, namespaces=ns)
         ns, expr = self._scope(filter, namespace)
         ids, scores, payloads = self.client.recall(q, min(k, kalos.MAX_K), namespaces=ns, filter=expr, payloads=True)
         out = []

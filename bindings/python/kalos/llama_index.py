@@ -1,3 +1,22 @@
+"""LlamaIndex vector store backed by Kalos (``pip install "kalos[llama-index]"``).
+
+    from kalos.llama_index import KalosVectorStore
+    store = KalosVectorStore("docs", dim=384, namespace_key="user")
+
+Each node is one Kalos memory: its id is the node id mapped to a ``u64`` by
+:func:`kalos._ids.str_to_u64`, its payload the JSON of ``node_to_metadata_dict`` (the whole
+node), its namespace ``metadata[namespace_key]``; the metadata values Kalos can type, the node
+id (``_node_id``) and the ref doc id (``_ref_doc_id``) are metadata fields.
+
+``MetadataFilters`` (every ``FilterOperator``, nested AND/OR/NOT), ``node_ids`` and ``doc_ids``
+run inside the scan, so a query is exact. ``TEXT_MATCH`` and ``TEXT_MATCH_INSENSITIVE`` (a
+substring) cannot: the rest of the filter narrows the candidates in the scan and the substring
+test runs here, on candidates in growing rounds and, when the best 1024 hold fewer than k
+matches, on every other candidate, listed with ``kalos_list`` and scored exactly from its stored
+vector (:func:`kalos._adapter.top_k_accepted`): exact too, and slower. ``get_nodes`` and
+``delete_nodes`` list every match, however many.
+"""
+
 from __future__ import annotations
 
 import json
@@ -19,14 +38,11 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 import kalos
 from kalos import filters as F
-from kalos._adapter import typed_fields, upsert_lenient
+from kalos._adapter import accepted, delete_present, top_k_accepted, typed_fields, upsert_lenient
 from kalos._ids import namespace_of, str_to_u64
 
-__all__ = ["KalosVectorStore", "LIST_LIMIT"]
+__all__ = ["KalosVectorStore"]
 
-#: Most nodes ``get_nodes(filters=...)`` without ids returns (the listing excludes the nodes it
-#: has seen with a ``nin`` filter, which the 64 KiB expression limit bounds).
-LIST_LIMIT = 1024
 NODE_ID = "_node_id"
 REF_DOC_ID = "_ref_doc_id"
 
@@ -126,6 +142,7 @@ class KalosVectorStore(BasePydanticVectorStore):
 
     _client: kalos.Kalos = PrivateAttr()
     _owns: bool = PrivateAttr(default=False)
+    _metric_name: Optional[str] = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -181,22 +198,33 @@ class KalosVectorStore(BasePydanticVectorStore):
             parts.append(F.in_(REF_DOC_ID, list(doc_ids)))
         return (F.and_(*parts) if parts else None), pred
 
+    @staticmethod
+    def _accept(pred: Optional[Pred]) -> Callable[[Optional[bytes]], Optional[BaseNode]]:
+        """A payload's node when it passes ``pred`` (every node when None), else None."""
+
+        def accept(p: Optional[bytes]) -> Optional[BaseNode]:
+            if p is None:
+                return None
+            node = metadata_dict_to_node(json.loads(p))
+            return node if pred is None or pred(node.metadata or {}) else None
+
+        return accept
+
+    def _metric(self) -> str:
+        """The store's metric (stats), read once."""
+        if self._metric_name is None:
+            self._metric_name = self._client.stats()["metric"]
+        return self._metric_name
+
     def _search(self, q: np.ndarray, k: int, expr: Optional[F.Expr], pred: Optional[Pred]) -> List[Tuple[BaseNode, float]]:
-        """Top-k nodes of the scan under ``expr``; with ``pred``, in growing rounds until k
-        candidates pass it or the candidates run out (at most MAX_K)."""
-        fetch = k if pred is None else min(4 * k, kalos.MAX_K)
-        while True:
-            ids, scores, payloads = self._client.recall(q, fetch, filter=expr, payloads=True)
-            out: List[Tuple[BaseNode, float]] = []
-            for s, p in zip(scores.tolist(), payloads):
-                if p is None:
-                    continue
-                node = metadata_dict_to_node(json.loads(p))
-                if pred is None or pred(node.metadata or {}):
-                    out.append((node, float(s)))
-            if pred is None or len(out) >= k or len(ids) < fetch or fetch >= kalos.MAX_K:
-                return out[:k]
-            fetch = min(4 * fetch, kalos.MAX_K)
+        """Top-k nodes of the scan under ``expr``; with ``pred`` (TEXT_MATCH), the best k that
+        pass it, exact: candidates in growing rounds, then every candidate
+        (:func:`kalos._adapter.top_k_accepted`)."""
+        if pred is not None:
+            return top_k_accepted(self._client, q, k, self._metric(), self._accept(pred), filter=expr)
+        ids, scores, payloads = self._client.recall(q, k, filter=expr, payloads=True)
+        accept = self._accept(None)
+        return [(n, float(s)) for s, p in zip(scores.tolist(), payloads) if (n := accept(p)) is not None]
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -241,8 +269,8 @@ class KalosVectorStore(BasePydanticVectorStore):
         **delete_kwargs: Any,
     ) -> None:
         """Deletes the nodes among ``node_ids`` (unknown ids are ignored) that match ``filters``
-        (either may be None, not both). Filters with TEXT_MATCH delete the matches among at most
-        MAX_K candidates per call."""
+        (either may be None, not both): on the server, or with TEXT_MATCH every node that
+        passes it, listed (``kalos_list``) and tested here."""
         if node_ids is None and (filters is None or not filters.filters):
             raise ValueError("delete_nodes needs node_ids or filters (use clear() to delete all)")
         expr, pred = self._scope(filters, node_ids)
@@ -250,9 +278,7 @@ class KalosVectorStore(BasePydanticVectorStore):
             if expr is not None:
                 self._client.delete_where(expr)
             return
-        ids = [n.node_id for n in self._list(expr, pred)]
-        if ids:
-            self._client.delete_where(F.in_(NODE_ID, ids))
+        delete_present(self._client, [key for key, _ in accepted(self._client, self._accept(pred), filter=expr)])
 
     def clear(self) -> None:
         """Deletes every node of the store."""
@@ -261,38 +287,20 @@ class KalosVectorStore(BasePydanticVectorStore):
     # -- reads ----------------------------------------------------------------------------------
 
     def _list(self, expr: Optional[F.Expr], pred: Optional[Pred]) -> List[BaseNode]:
-        """Every node under ``expr`` (and ``pred``), found by recalls that exclude the nodes
-        already seen. More than LIST_LIMIT candidates raise ValueError."""
-        q = np.ones(self._client.dim, np.float32)
-        seen: List[str] = []
-        out: List[BaseNode] = []
-        while True:
-            cur = expr if not seen else (F.and_(expr, F.nin(NODE_ID, seen)) if expr is not None else F.nin(NODE_ID, seen))
-            room = LIST_LIMIT + 1 - len(seen)
-            ids, _, payloads = self._client.recall(q, min(room, kalos.MAX_K), filter=cur, payloads=True)
-            for p in payloads:
-                if p is None:
-                    continue
-                node = metadata_dict_to_node(json.loads(p))
-                seen.append(node.node_id)
-                if pred is None or pred(node.metadata or {}):
-                    out.append(node)
-            if len(seen) > LIST_LIMIT:
-                raise ValueError(f"more than {LIST_LIMIT} nodes match; narrow the filters or pass node_ids")
-            if len(ids) < min(room, kalos.MAX_K):
-                return out
+        """Every node under ``expr`` (and ``pred``), listed with ``kalos_list``: no cap."""
+        return [node for _, node in accepted(self._client, self._accept(pred), filter=expr)]
 
     def get_nodes(
         self, node_ids: Optional[List[str]] = None, filters: Optional[MetadataFilters] = None
     ) -> List[BaseNode]:
-        """Nodes by id (missing ids skipped, in the order asked) and/or by filters. Without ids
-        at most LIST_LIMIT nodes (ValueError beyond)."""
+        """Nodes by id (missing ids skipped, in the order asked) and/or by filters: every node
+        that matches, however many."""
         if node_ids is None and (filters is None or not filters.filters):
             raise ValueError("get_nodes needs node_ids or filters")
         if node_ids is None:
             return self._list(*self._scope(filters))
         found = {}
-        for i in range(0, len(node_ids), 256):  # 256 ids and their nin stay inside 64 KiB
+        for i in range(0, len(node_ids), 256):  # 256 ids of ordinary length stay inside 64 KiB
             chunk = list(node_ids[i:i + 256])
             for n in self._list(*self._scope(filters, chunk)):
                 found[n.node_id] = n

@@ -19,8 +19,10 @@ exact (mem0's over-fetch of ``top_k`` gets ``top_k`` scoped results whenever tha
 "lt"|"lte"|"in"|"nin": v}}``; ``"AND"``/``"$and"``, ``"OR"``/``"$or"`` and ``"NOT"``/``"$not"``
 (none of the conditions) with a list of conditions. ``contains`` and ``icontains`` (a
 substring of a string value) cannot run in the scan: the rest of the filter narrows the
-candidates there and the substring test is applied to them in growing rounds, the slower path
-(at most ``kalos.MAX_K`` candidates). ``list`` returns at most ``kalos.MAX_K`` memories.
+candidates there and the substring test is applied to them in growing rounds and, when the best
+1024 hold fewer than ``top_k`` matches, to every other candidate, listed with ``kalos_list`` and
+scored exactly from its stored vector (:func:`kalos._adapter.top_k_accepted`): exact, and the
+slower path. ``list`` returns ``top_k`` memories (default 100) however many match.
 
 Scores are Kalos's: cosine similarity for the default metric (higher is better, as mem0
 expects), inner product for ``"ip"``, and ``1 / (1 + distance)`` for ``"l2"``.
@@ -38,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import kalos
 from kalos import filters as F
-from kalos._adapter import typed_fields, upsert_lenient
+from kalos._adapter import accepted, top_k_accepted, typed_fields, upsert_lenient
 from kalos._ids import str_to_u64
 
 try:
@@ -155,6 +157,7 @@ class KalosMem0Store(VectorStoreBase):
         self.metric = metric
         self._open_kwargs = dict(open_kwargs or {})
         self.client: Optional[kalos.Kalos] = None
+        self._metric_name: Optional[str] = None
         self.create_col(collection_name, embedding_model_dims, metric)
 
     # -- collections ------------------------------------------------------------------------------
@@ -164,6 +167,7 @@ class KalosMem0Store(VectorStoreBase):
         if self.client is not None and not self.client.closed and name == self.collection_name:
             return
         self.collection_name = name
+        self._metric_name = None
         self.client = kalos.open(name, dim=int(vector_size or self.embedding_model_dims),
                                  metric=distance or self.metric, **self._open_kwargs)
 
@@ -252,23 +256,34 @@ class KalosMem0Store(VectorStoreBase):
     def _score(self, s: float) -> float:
         return 1.0 / (1.0 + max(float(s), 0.0) ** 0.5) if self.metric == "l2" else float(s)
 
+    def _accept(self, pred: Optional[Pred]) -> Callable[[Optional[bytes]], Optional[Tuple[Optional[str], Dict[str, Any]]]]:
+        """A blob's (mem0 id, payload) when the payload passes ``pred`` (every one when None)."""
+
+        def accept(blob: Optional[bytes]) -> Optional[Tuple[Optional[str], Dict[str, Any]]]:
+            p = self._decode(blob)
+            if p is None:
+                return None
+            sid = p.pop(_ID, None)
+            return (sid, p) if pred is None or pred(p) else None
+
+        return accept
+
+    def _metric(self) -> str:
+        """The store's own metric (a store opened before keeps the one it was created with)."""
+        if self._metric_name is None:
+            self._metric_name = self._kv.stats()["metric"]
+        return self._metric_name
+
     def _recall(self, q: np.ndarray, k: int, filters: Optional[Dict[str, Any]]) -> List[OutputData]:
         expr, pred = translate(filters)
-        k = max(1, min(int(k), kalos.MAX_K))
-        fetch = k if pred is None else min(4 * k, kalos.MAX_K)
-        while True:
-            ids, scores, blobs = self._kv.recall(q, fetch, filter=expr, payloads=True)
-            out: List[OutputData] = []
-            for s, b in zip(scores.tolist(), blobs):
-                p = self._decode(b)
-                if p is None:
-                    continue
-                sid = p.pop(_ID, None)
-                if pred is None or pred(p):
-                    out.append(OutputData(id=sid, score=self._score(s), payload=p))
-            if pred is None or len(out) >= k or len(ids) < fetch or fetch >= kalos.MAX_K:
-                return out[:k]
-            fetch = min(4 * fetch, kalos.MAX_K)
+        k = max(1, int(k))
+        if pred is None:
+            _, scores, blobs = self._kv.recall(q, min(k, kalos.MAX_K), filter=expr, payloads=True)
+            accept = self._accept(None)
+            hits = [(item, s) for s, b in zip(scores.tolist(), blobs) if (item := accept(b)) is not None]
+        else:
+            hits = top_k_accepted(self._kv, q, k, self._metric(), self._accept(pred), filter=expr)
+        return [OutputData(id=sid, score=self._score(s), payload=p) for (sid, p), s in hits]
 
     def search(self, query: str, vectors: List[float], top_k: int = 5,
                filters: Optional[Dict[str, Any]] = None) -> List[OutputData]:
@@ -276,11 +291,18 @@ class KalosMem0Store(VectorStoreBase):
         return self._recall(np.asarray(vectors, dtype=np.float32), top_k, filters)
 
     def list(self, filters: Optional[Dict[str, Any]] = None, top_k: Optional[int] = None) -> List[List[OutputData]]:
-        """Up to ``top_k`` (default 100, at most ``kalos.MAX_K``) memories under ``filters``, as
-        ``[[OutputData, ...]]`` like mem0's other stores; scores are None."""
-        rows = self._recall(np.ones(self._kv.dim, np.float32), top_k or 100, filters)
-        for r in rows:
-            r.score = None
+        """``top_k`` (default 100) memories under ``filters`` (fewer when fewer match), in
+        ascending Kalos id order, as ``[[OutputData, ...]]`` like mem0's other stores; scores
+        are None. Every match is reachable: the candidates are listed with ``kalos_list``."""
+        limit = 100 if top_k is None else int(top_k)
+        rows: List[OutputData] = []
+        if limit <= 0:
+            return [rows]
+        expr, pred = translate(filters)
+        for _, (sid, p) in accepted(self._kv, self._accept(pred), filter=expr):
+            rows.append(OutputData(id=sid, score=None, payload=p))
+            if len(rows) >= limit:
+                break
         return [rows]
 
 

@@ -204,3 +204,69 @@ def test_bad_filters_and_metadata_raise_clear_errors(kv):
     with pytest.raises(ValueError):
         kv.upsert([2, 3], np.ones((2, 16), np.float32), metadata=[{"n": 2}])
     assert len(kv) == 1, "a refused write writes nothing"
+
+
+def test_list_matches_a_reference_in_pages(name):
+    """Kalos.list / list_pages against a Python reference: random dict filters and namespaces,
+    pages of several sizes, limits, the cursor, deletes and new rows between pages."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    r = random.Random(seed)
+    n = 3000
+    with kalos.open(name, dim=4, metric="ip", role="server", backend="cpu", slot_bytes=8192,
+                    max_payload_bytes=1024) as kv:
+        ids = [r.randrange(1 << 64) for _ in range(n)] + [0, (1 << 64) - 1]
+        ids = sorted(set(ids))
+        metas = {i: _meta(r, i, j == 0) for j, i in enumerate(ids)}
+        nss = {i: r.randrange(3) for i in ids}
+        kv.upsert(ids, np.ones((len(ids), 4), np.float32), metadata=[metas[i] for i in ids],
+                  namespaces=[nss[i] for i in ids])
+        assert kv.list().tolist() == ids
+        for case in range(60):
+            d = _expr(r, 3) if case % 4 else None
+            ns = [r.randrange(3)] if r.random() < 0.3 else None
+            want = [i for i in ids if (d is None or ref_match(d, metas[i])) and (ns is None or nss[i] in ns)]
+            got = kv.list(d, namespaces=ns)
+            assert got.dtype == np.uint64 and got.tolist() == want, (case, d, ns)
+            size = r.choice([1, 7, 100, 5000])
+            pages = list(kv.list_pages(d, namespaces=ns, page_size=size))
+            assert all(0 < len(p) <= size for p in pages)
+            assert [int(i) for p in pages for i in p] == want, (case, size)
+            lim = r.randrange(0, 40)
+            assert kv.list(d, namespaces=ns, limit=lim).tolist() == want[:lim]
+            if want:
+                mid = want[len(want) // 2]
+                assert kv.list(d, namespaces=ns, after=mid).tolist() == [i for i in want if i > mid]
+        # Writes between pages: deleted ids ahead of the cursor are not listed, new ones are.
+        it = kv.list_pages(page_size=500)
+        first = next(it)
+        ahead = [i for i in ids if i > int(first[-1])][::3]
+        kv.delete(ahead)
+        new = [int(first[-1]) + 1 + 2 * j for j in range(5) if int(first[-1]) + 1 + 2 * j not in metas]
+        kv.upsert(new, np.ones((len(new), 4), np.float32))
+        rest = [int(i) for p in it for i in p]
+        assert rest == sorted((set(ids) - set(ahead) | set(new)) - set(first.tolist()) - {i for i in ids if i <= int(first[-1])})
+        with pytest.raises(kalos.InvalidArgumentError, match="unknown operator 99"):
+            kv.list(b"\x01\x63")
+        with pytest.raises(kalos.InvalidArgumentError):
+            kv.list({"$bogus": 1})
+        with pytest.raises(ValueError):
+            next(kv.list_pages(page_size=0))
+        with pytest.raises(ValueError):
+            kv.list(limit=-1)
+        assert any(c["op"] == "list" and c["status"] == "OK" for c in kv.stats()["requests_by"])
+
+
+def test_adapter_helpers_skip_ids_deleted_since_they_were_listed(kv):
+    """get / delete are all or nothing: the adapters' helpers drop an id deleted (or expired)
+    between its listing and the call, and fetch or delete the rest."""
+    from kalos._adapter import delete_present, get_present
+
+    kv.upsert([1, 2, 3, 4], np.eye(16, dtype=np.float32)[:4], payloads=[b"a", b"b", b"c", b"d"])
+    listed = kv.list().tolist()
+    kv.delete([2])
+    keys, recs = get_present(kv, listed, vectors=False, namespaces=False)
+    assert keys == [1, 3, 4] and recs.payloads == [b"a", b"c", b"d"]
+    assert get_present(kv, [2], vectors=False) == ([], None)
+    assert delete_present(kv, listed + [99]) == 3
+    assert len(kv) == 0

@@ -84,6 +84,18 @@ def test_query_filters_match_the_python_builders(name):
             assert got["fields"]["tags"] == ["urgent", "x"] and got["fields"]["n"] == -20
             assert kv.recall(np.asarray(q, np.float32), n, filter=F.eq("user", "bob"))[0].size == 0
             assert kv.get_metadata([1])[0]["at"] == dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+            # list: the ids a filter selects, ascending, from a cursor, with what remains.
+            rc, out = _query(name, [{"op": "list", "filter": {"user": "ann"}},
+                                    {"op": "list", "filter": {"user": "ann"}, "after": 10, "limit": 3},
+                                    {"op": "list", "namespaces": [5]},
+                                    {"op": "list", "after": -1}])
+            ann = [i for i in ids if (i - 1) % 3 == 0]
+            assert out[0] == {"ok": True, "ids": ann, "remaining": 0}
+            after = [i for i in ann if i > 10]
+            assert out[1] == {"ok": True, "ids": after[:3], "remaining": len(after) - 3}
+            assert out[2] == {"ok": True, "ids": [], "remaining": 0}
+            assert rc == 1 and "after must be an unsigned integer" in out[3]["error"]
+            assert kv.list(F.eq("user", "ann")).tolist() == ann
     finally:
         _stop(p)
 

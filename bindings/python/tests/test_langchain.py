@@ -200,3 +200,60 @@ def test_payload_limit_error_names_the_document():
             s.add_texts(["x" * 1000], ids=["big-one"])
     finally:
         s.close()
+
+
+class _Angles(Embeddings):
+    """'doc i' is the unit vector at angle i·π/(N+1), the query 'q' is (1, 0): every metric ranks
+    the documents by i (ip and cosine: cos of the angle; l2: 2 − 2·cos)."""
+
+    N = 3000
+
+    def vec(self, i):
+        a = i * np.pi / (self.N + 1)
+        return [float(np.cos(a)), float(np.sin(a))]
+
+    def embed_documents(self, texts):
+        return [self.vec(int(t.split()[1])) for t in texts]
+
+    def embed_query(self, text):
+        return [1.0, 0.0] if text == "q" else [0.0, 1.0]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip", "l2"])
+def test_callable_filter_is_exact_beyond_1024_candidates(metric):
+    """A callable passing documents ranked beyond the best 1024 (the most a recall returns): the
+    growing rounds find too few, so every other candidate is tested and scored; the result is
+    the exact top-k whatever the store size."""
+    emb = _Angles()
+    n = emb.N
+    s = KalosVectorStore(emb, name=unique_name("lcx"), role="server", metric=metric, namespace_key="user")
+    try:
+        s.add_texts([f"doc {i}" for i in range(n)], metadatas=[{"i": i, "user": ["ann", "bob"][i % 2]} for i in range(n)],
+                    ids=[f"d{i}" for i in range(n)])
+        q = emb.embed_query("q")
+
+        def want_score(i):
+            c = np.cos(i * np.pi / (n + 1))
+            return 2 - 2 * c if metric == "l2" else c
+
+        # Only documents ranked 1500 and beyond pass.
+        rare = [i for i in range(n) if i >= 1500 and i % 7 == 0]
+        got = s.similarity_search_with_score_by_vector(q, k=5, filter=lambda d: d.metadata["i"] in rare)
+        assert [d.metadata["i"] for d, _ in got] == rare[:5]
+        assert [sc for _, sc in got] == pytest.approx([want_score(i) for i in rare[:5]], abs=1e-5)
+        # Some pass within the best 1024 (scored by the engine), the rest beyond (scored here).
+        every400 = [i for i in range(n) if i % 400 == 0]
+        got = s.similarity_search_by_vector(q, k=6, filter=lambda d: d.metadata["i"] % 400 == 0)
+        assert [d.metadata["i"] for d in got] == every400[:6]
+        # Fewer pass than k: all of them, in rank order.
+        got = s.similarity_search_by_vector(q, k=50, filter=lambda d: d.metadata["i"] in (2999, 17, 2000))
+        assert [d.metadata["i"] for d in got] == [17, 2000, 2999]
+        # k beyond 1024 with a callable that passes most documents.
+        got = s.similarity_search_by_vector(q, k=1500, filter=lambda d: d.metadata["i"] % 10 != 3)
+        assert [d.metadata["i"] for d in got] == [i for i in range(n) if i % 10 != 3][:1500]
+        # With a namespace: only bob's documents (odd i) are candidates.
+        got = s.similarity_search_by_vector(q, k=3, filter=lambda d: d.metadata["i"] >= 2500, namespace="bob")
+        assert [d.metadata["i"] for d in got] == [2501, 2503, 2505]
+        assert s.similarity_search_by_vector(q, k=3, filter=lambda d: False) == []
+    finally:
+        s.close()

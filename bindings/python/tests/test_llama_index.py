@@ -198,6 +198,36 @@ def test_node_ids_doc_ids_and_delete_ref_doc_from_another_process():
         assert store.get_nodes(filters=mf(f("n", "GTE", 0))) == []
 
 
+def test_listing_and_text_match_beyond_1024_nodes():
+    """get_nodes / delete_nodes over more than 1024 matches (listed with kalos_list), and a
+    TEXT_MATCH query whose matches all rank beyond the best 1024: exact whatever the store size."""
+    n = 2500
+    # Node i at angle i·π/(n+1): the query (1, 0, ...) ranks them by i.
+    nodes = []
+    for i in range(n):
+        v = np.zeros(D, np.float32)
+        v[0], v[1] = np.cos(i * np.pi / (n + 1)), np.sin(i * np.pi / (n + 1))
+        title = f"rare {i}" if i >= 2000 and i % 9 == 0 else f"common {i}"
+        nodes.append(TextNode(id_=f"n{i}", text=f"t{i}", embedding=v.tolist(), metadata={"i": i, "title": title}))
+    with kalos.open(unique_name("li-big"), dim=D, role="server", metric="cosine") as kv:
+        store = KalosVectorStore(kalos_client=kv)
+        store.add(nodes)
+        big = mf(f("i", "GTE", 100))
+        assert sorted(int(x.node_id[1:]) for x in store.get_nodes(filters=big)) == list(range(100, n))
+        rare = mf(f("title", "TEXT_MATCH", "rare"))
+        want = [i for i in range(n) if i >= 2000 and i % 9 == 0]
+        qv = [1.0] + [0.0] * (D - 1)
+        r = store.query(VectorStoreQuery(query_embedding=qv, similarity_top_k=4, filters=rare))
+        assert r.ids == [f"n{i}" for i in want[:4]]
+        assert r.similarities == pytest.approx([np.cos(i * np.pi / (n + 1)) for i in want[:4]], abs=1e-5)
+        assert sorted(int(x.node_id[1:]) for x in store.get_nodes(filters=rare)) == want
+        # TEXT_MATCH matching more than 1024 nodes, deleted in one call.
+        common = mf(f("title", "TEXT_MATCH", "common"))
+        store.delete_nodes(filters=common)
+        assert len(kv) == len(want)
+        assert sorted(int(x.node_id[1:]) for x in store.get_nodes(filters=mf(f("i", "GTE", 0)))) == want
+
+
 def test_vector_store_index_end_to_end():
     with kalos.open(unique_name("li-idx"), dim=D, role="server") as kv:
         store = KalosVectorStore(kalos_client=kv)

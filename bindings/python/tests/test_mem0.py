@@ -117,6 +117,34 @@ def test_store_contract_and_filters(store):
     assert store.list()[0] == []
 
 
+def test_list_and_substring_search_beyond_1024(store):
+    """list honours top_k beyond 1024 and reaches every match; a substring filter whose matches
+    all rank beyond the best 1024 candidates still gets top_k results, exactly ranked."""
+    n = 2200
+    vecs, payloads, ids = [], [], []
+    for i in range(n):
+        v = np.zeros(D, np.float32)
+        v[0], v[1] = np.cos(i * np.pi / (n + 1)), np.sin(i * np.pi / (n + 1))
+        vecs.append(v.tolist())
+        payloads.append({"data": ("needle " if i >= 1800 and i % 7 == 0 else "hay ") + str(i), "user_id": "u",
+                         "i": i})
+        ids.append(f"m{i}")
+    store.insert(vecs, payloads, ids)
+    assert len(store.list()[0]) == 100  # mem0's default top_k
+    every = store.list(filters={"user_id": "u"}, top_k=5000)[0]
+    assert sorted(r.payload["i"] for r in every) == list(range(n)) and all(r.score is None for r in every)
+    assert len(store.list(top_k=1500)[0]) == 1500
+    needles = [i for i in range(n) if i >= 1800 and i % 7 == 0]
+    listed = store.list(filters={"data": {"contains": "needle"}}, top_k=5000)[0]
+    assert sorted(r.payload["i"] for r in listed) == needles
+    q = [1.0] + [0.0] * (D - 1)
+    hits = store.search("x", q, top_k=3, filters={"data": {"contains": "needle"}, "user_id": "u"})
+    assert [h.id for h in hits] == [f"m{i}" for i in needles[:3]]
+    assert [h.score for h in hits] == pytest.approx([np.cos(i * np.pi / (n + 1)) for i in needles[:3]], abs=1e-5)
+    hits = store.search("x", q, top_k=2000, filters={"data": {"icontains": "HAY"}})
+    assert [h.payload["i"] for h in hits] == [i for i in range(n) if i not in needles][:2000]
+
+
 def test_mem0_memory_flow_against_kalos(tmp_path):
     km.register()
     col = unique_name("m0flow")

@@ -50,7 +50,7 @@ fn filter_bytes(m: &Map<String, J>) -> Result<Option<Vec<u8>>> {
 fn handle(k: &Kalos, line: &str) -> Result<J> {
     let req: J = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
     let J::Object(m) = &req else { return Err(bad("a request must be a JSON object")) };
-    let op = m.get("op").and_then(J::as_str).ok_or_else(|| bad("missing \"op\" (recall, upsert, delete, get)"))?;
+    let op = m.get("op").and_then(J::as_str).ok_or_else(|| bad("missing \"op\" (recall, upsert, delete, get, list)"))?;
     match op {
         "recall" => {
             let q = floats(m.get("query").ok_or_else(|| bad("recall needs \"query\""))?, "query")?;
@@ -128,7 +128,17 @@ fn handle(k: &Kalos, line: &str) -> Result<J> {
                 .collect();
             Ok(json!({"ok": true, "memories": out}))
         }
-        _ => Err(bad(format!("unknown op {op:?} (recall, upsert, delete, get)"))),
+        "list" => {
+            let num = |key: &str| match m.get(key) {
+                None | Some(J::Null) => Ok(None),
+                Some(v) => v.as_u64().map(Some).ok_or_else(|| bad(format!("{key} must be an unsigned integer, got {v}"))),
+            };
+            let opts = ListOptions { namespaces: u64s(m, "namespaces")?, filter: filter_bytes(m)?, after: num("after")?, timeout_ms: None };
+            let limit = num("limit")?.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+            let (ids, remaining) = k.list(&opts, limit)?;
+            Ok(json!({"ok": true, "ids": ids, "remaining": remaining}))
+        }
+        _ => Err(bad(format!("unknown op {op:?} (recall, upsert, delete, get, list)"))),
     }
 }
 

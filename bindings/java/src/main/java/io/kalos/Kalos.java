@@ -428,6 +428,47 @@ public final class Kalos implements AutoCloseable {
         }
     }
 
+    /**
+     * One page of the ids of the live memories that {@code opts} selects, ascending (unsigned),
+     * at most {@code limit} of them, and how many more match after the page's last id. The next
+     * page is {@code listPage(opts.withAfter(last id), limit)} until {@link ListPage#isLast}. A
+     * memory that lives and matches throughout is listed exactly once and no id twice; writes
+     * between pages show in later pages. A limit of 0 only counts. Each request scans the table
+     * once, so pages of thousands of ids are cheap and pages of one are not.
+     */
+    public ListPage listPage(ListOptions opts, int limit) {
+        Objects.requireNonNull(opts, "opts");
+        if (limit < 0) {
+            throw new IllegalArgumentException("limit must be >= 0, got " + limit);
+        }
+        long[] remaining = new long[1];
+        long[] ids;
+        long h = acquire();
+        try {
+            ids = Native.list(h, opts.namespaces, opts.filter, opts.hasAfter, opts.after, limit, opts.timeoutMs, remaining);
+        } finally {
+            release();
+        }
+        return new ListPage(ids, remaining[0], limit);
+    }
+
+    /** Every id that {@code opts} selects, ascending (unsigned): {@link #listPage} in pages of 65536. */
+    public long[] list(ListOptions opts) {
+        final int page = 1 << 16;
+        long[] all = new long[0];
+        ListOptions o = opts;
+        while (true) {
+            ListPage p = listPage(o, page);
+            long[] grown = java.util.Arrays.copyOf(all, all.length + p.ids.length);
+            System.arraycopy(p.ids, 0, grown, all.length, p.ids.length);
+            all = grown;
+            if (p.isLast()) {
+                return all;
+            }
+            o = o.withAfter(p.ids[p.ids.length - 1]);
+        }
+    }
+
     /** Deletes every memory of namespace {@code ns}; returns how many. */
     public long deleteNamespace(long ns) {
         long h = acquire();

@@ -50,6 +50,9 @@ final class Native {
 
     static native byte[] getFields(long h, long[] ids, int[] lens);
 
+    static native long[] list(long h, long[] ns, byte[] filter, boolean hasAfter, long after, int limit, long timeoutMs,
+                              long[] remaining);
+
     static native long deleteNamespace(long h, long namespace);
 
     static native long clear(long h);

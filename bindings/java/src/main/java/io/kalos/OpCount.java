@@ -6,8 +6,8 @@ package io.kalos;
  */
 public final class OpCount {
     /**
-     * The op: "recall", "upsert", "delete", "delete_namespace", "get", "stats", "clear" or
-     * "delete_where".
+     * The op: "recall", "upsert", "delete", "delete_namespace", "get", "stats", "clear",
+     * "delete_where" or "list".
      */
     public final String op;
     /** The status the requests were answered with ({@code OK} or an error). */

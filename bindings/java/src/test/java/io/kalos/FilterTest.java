@@ -164,4 +164,88 @@ class FilterTest {
             assertEquals(10, srv.deleteWhere(Filter.and(Filter.eq("user", "ann"), Filter.lt("n", 30)), 0));
         }
     }
+
+    /** Unsigned ascending order of ids, as listPage returns them. */
+    static long[] sortedUnsigned(List<Long> v) {
+        return v.stream().sorted(Long::compareUnsigned).mapToLong(Long::longValue).toArray();
+    }
+
+    @Test
+    void listMatchesAReferenceInPages() {
+        Random r = new Random(5);
+        int n = 3000;
+        long[] ids = new long[n];
+        java.util.Set<Long> seen = new java.util.HashSet<>();
+        List<Map<String, Object>> fields = new ArrayList<>();
+        long[] ns = new long[n];
+        String[] users = {"ann", "bob", "cy"};
+        for (int i = 0; i < n; i++) {
+            do {
+                ids[i] = r.nextLong(); // the whole u64 range: negative longs are the upper half
+            } while (!seen.add(ids[i]));
+            fields.add(Map.of("user", users[i % 3], "n", i));
+            ns[i] = i % 2;
+        }
+        String name = uniqueName("list");
+        KalosOptions o = KalosOptions.builder().role(KalosOptions.Role.SERVER).dim(4).metric(KalosOptions.Metric.IP)
+                .backend(KalosOptions.Backend.CPU).capacity(10_000).slotBytes(4096).maxPayloadBytes(1024).build();
+        try (Kalos srv = Kalos.open(name, o); Kalos k = Kalos.connect(name)) {
+            k.upsert(ids, randomVectors(r, n, 4), UpsertOptions.DEFAULT.withFields(fields).withNamespaces(ns));
+            Map<String, ListOptions> opts = new LinkedHashMap<>();
+            Map<String, IntPredicate> match = new HashMap<>();
+            opts.put("all", ListOptions.ALL);
+            match.put("all", i -> true);
+            opts.put("bob", ListOptions.ALL.withFilter(Filter.eq("user", "bob")));
+            match.put("bob", i -> i % 3 == 1);
+            opts.put("ns1_n<1000", ListOptions.ALL.withNamespaces(1).withFilter(Filter.lt("n", 1000)));
+            match.put("ns1_n<1000", i -> i % 2 == 1 && i < 1000);
+            opts.put("none", ListOptions.ALL.withFilter(Filter.eq("user", "zed")));
+            match.put("none", i -> false);
+            for (Map.Entry<String, ListOptions> e : opts.entrySet()) {
+                List<Long> w = new ArrayList<>();
+                for (int i = 0; i < n; i++) {
+                    if (match.get(e.getKey()).test(i)) {
+                        w.add(ids[i]);
+                    }
+                }
+                long[] want = sortedUnsigned(w);
+                assertArrayEquals(want, k.list(e.getValue()), e.getKey());
+                for (int size : new int[] {1, 17, 700}) {
+                    List<Long> paged = new ArrayList<>();
+                    ListOptions lo = e.getValue();
+                    while (true) {
+                        ListPage p = k.listPage(lo, size);
+                        assertTrue(p.ids.length <= size);
+                        for (long id : p.ids) {
+                            paged.add(id);
+                        }
+                        assertEquals(want.length - paged.size(), p.remaining, e.getKey() + " remaining");
+                        if (p.isLast()) {
+                            break;
+                        }
+                        lo = lo.withAfter(p.ids[p.ids.length - 1]);
+                    }
+                    assertArrayEquals(want, paged.stream().mapToLong(Long::longValue).toArray(), e.getKey() + " in pages of " + size);
+                }
+                ListPage count = k.listPage(e.getValue(), 0);
+                assertEquals(0, count.ids.length);
+                assertEquals(want.length, count.remaining);
+            }
+            // A delete ahead of the cursor between pages: the id is not listed.
+            long[] all = k.list(ListOptions.ALL);
+            ListPage first = k.listPage(ListOptions.ALL, 100);
+            srv.delete(all[500]);
+            long[] rest = k.list(ListOptions.ALL.withAfter(first.ids[99]));
+            assertEquals(all.length - 101, rest.length);
+            for (long id : rest) {
+                assertNotEquals(all[500], id);
+                assertTrue(Long.compareUnsigned(id, first.ids[99]) > 0);
+            }
+            InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
+                    () -> k.list(ListOptions.ALL.withNamespaces(new long[65])));
+            assertTrue(bad.getMessage().contains("64"), bad.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> k.listPage(ListOptions.ALL, -1));
+            assertTrue(k.stats().requestsBy.stream().anyMatch(c -> c.op.equals("list")));
+        }
+    }
 }
