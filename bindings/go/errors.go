@@ -36,6 +36,8 @@ var statusNames = [...]string{
 	StatusClosed:             "CLOSED",
 	StatusPanic:              "PANIC",
 	StatusInternal:           "INTERNAL",
+	StatusUnavailable:        "UNAVAILABLE",
+	StatusStale:              "STALE",
 }
 
 // String is the status's stable name, as kalos_status_str gives it ("SERVER_GONE").

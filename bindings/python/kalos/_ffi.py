@@ -107,6 +107,8 @@ STATUS_CODES = {
     "CLOSED": 22,
     "PANIC": 23,
     "INTERNAL": 24,
+    "UNAVAILABLE": 25,
+    "STALE": 26,
 }
 
 kalos_status = c_int32
