@@ -182,7 +182,7 @@ impl Host {
             .args(["--cluster", &self.urls, "--cluster-store", &self.store, "--shard-count", &SHARDS.to_string()])
             .args(["--shards", &self.hold, "--node", self.node(), "--slots", "16"])
             .args(&self.extra)
-            .env("KALOS_LOG", "info")
+            .env("KALOS_LOG", std::env::var("KALOS_TEST_LOG").unwrap_or("info".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -354,19 +354,52 @@ fn write_on_one_host_is_read_on_another() {
 }
 
 /// A writer that sends single upserts through `k` until stopped, keeping what was acknowledged.
-fn writer(k: Arc<Kalos>, stop: Arc<AtomicBool>, first_id: u64) -> std::thread::JoinHandle<(Vec<(u64, u64)>, Vec<Status>, Vec<u64>)> {
+/// `last` follows the last acknowledged id.
+fn writer(
+    name: String,
+    stop: Arc<AtomicBool>,
+    first_id: u64,
+    last: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<(Vec<(u64, u64)>, Vec<Status>, Vec<u64>)> {
+    fn merge(token: &mut Vec<u64>, k: &Kalos) {
+        for (s, q) in k.write_seqs().into_iter().enumerate() {
+            token[s] = token[s].max(q);
+        }
+    }
+    let open = |name: &str| Kalos::open(name, &Options { role: Role::Client, timeout_ms: 10_000, ..Options::default() });
     std::thread::spawn(move || {
         let (mut acked, mut errors) = (Vec::new(), Vec::new());
+        let mut token = vec![0u64; SHARDS as usize];
+        let mut k = open(&name).unwrap();
         let mut id = first_id;
         while !stop.load(Ordering::SeqCst) {
             let ns = id % 30;
             match upsert_one(&k, id, ns) {
-                Ok(()) => acked.push((id, ns)),
-                Err(e) => errors.push(e.status),
+                Ok(()) => {
+                    acked.push((id, ns));
+                    last.store(id, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    errors.push(e.status);
+                    if e.status == Status::Unavailable {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    if e.status == Status::ServerGone {
+                        // The host was killed: reopen once its restart serves again.
+                        merge(&mut token, &k);
+                        k = loop {
+                            match open(&name) {
+                                Ok(k) => break k,
+                                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                            }
+                        };
+                    }
+                }
             }
             id += 1;
         }
-        (acked, errors, k.write_seqs())
+        merge(&mut token, &k);
+        (acked, errors, token)
     })
 }
 
@@ -375,15 +408,14 @@ fn kill9_kalosd_during_writes_loses_no_acknowledged_write() {
     let Some((_g, bin)) = setup() else { return };
     let nats = Nats::start(&bin);
     let mut hosts = three_hosts(&nats, "crash");
-    let c = Arc::new(hosts[2].open());
-    first_write(&c, 1, 0);
+    first_write(&hosts[2].open(), 1, 0);
     let stop = Arc::new(AtomicBool::new(false));
-    let w = writer(c.clone(), stop.clone(), 1000);
+    let w = writer(hosts[2].name.clone(), stop.clone(), 1000, Arc::new(AtomicU64::new(0)));
     let mut restarts = 0;
     for round in 0..12 {
         std::thread::sleep(Duration::from_millis(400));
-        let victim = &mut hosts[round % 2]; // A and B in turn; C takes the writes
-        victim.restart();
+        // A, B and C in turn; C also takes the writes, so some are in flight when it dies.
+        hosts[round % 3].restart();
         restarts += 1;
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -391,16 +423,18 @@ fn kill9_kalosd_during_writes_loses_no_acknowledged_write() {
     let (acked, errors, token) = w.join().unwrap();
     assert!(restarts >= 10);
     assert!(acked.len() > 100, "only {} writes acknowledged ({} failed: {:?})", acked.len(), errors.len(), &errors[..errors.len().min(5)]);
-    assert!(errors.is_empty(), "writes through the surviving host failed: {errors:?}");
+    // The only failures: writes held by C when it was killed, and writes C refused while it
+    // reconnected to NATS after a restart (never acknowledged, with a clear status).
+    assert!(errors.iter().all(|&s| s == Status::ServerGone || s == Status::Unavailable), "{errors:?}");
     for h in &hosts {
         assert_all_present(h, &token, &acked);
     }
     // Each restart caught up from its checkpoint: after the first rounds, no shard started
     // from the beginning of its log again.
-    for h in &hosts[..2] {
+    for h in &hosts {
         let starts = h.catch_up_starts();
         let held = h.hold.split(',').count();
-        assert_eq!(starts.len(), held * 7, "{}: {starts:?}", h.name);
+        assert_eq!(starts.len(), held * 5, "{}: {starts:?}", h.name);
         let later = &starts[held * 2..];
         assert!(later.iter().all(|&(_, from)| from > 1), "{}: a restart replayed its log from the start: {starts:?}", h.name);
     }
@@ -411,23 +445,32 @@ fn kill9_one_nats_server_during_writes() {
     let Some((_g, bin)) = setup() else { return };
     let mut nats = Nats::start(&bin);
     let hosts = three_hosts(&nats, "broker");
-    let a = Arc::new(hosts[0].open());
-    first_write(&a, 1, 0);
+    first_write(&hosts[0].open(), 1, 0);
     let stop = Arc::new(AtomicBool::new(false));
-    let w = writer(a.clone(), stop.clone(), 1000);
+    let last = Arc::new(AtomicU64::new(0));
+    let w = writer(hosts[0].name.clone(), stop.clone(), 1000, last.clone());
     std::thread::sleep(Duration::from_millis(800));
     nats.kill9(0);
-    std::thread::sleep(Duration::from_millis(3000));
-    // Writes go on after the kill, through every host.
+    let at_kill = last.load(Ordering::SeqCst);
+    // Writes go on after the kill, through every host, once the shards whose stream leader
+    // died have elected another (a few seconds; writes meanwhile are refused, never lost).
     let mut after_kill = Vec::new();
     let mut extra = vec![0u64; SHARDS as usize];
     for (i, h) in hosts.iter().enumerate() {
         let k = h.open();
-        upsert_one(&k, 900_000 + i as u64, 3).unwrap_or_else(|e| panic!("a write through {} after the broker died: {e}", h.name));
+        let t0 = Instant::now();
+        while let Err(e) = upsert_one(&k, 900_000 + i as u64, 3) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "a write through {} after the broker died: {e}", h.name);
+            assert_eq!(e.status, Status::Unavailable, "{e}");
+        }
         after_kill.push((900_000 + i as u64, 3));
         for (s, q) in k.write_seqs().into_iter().enumerate() {
             extra[s] = extra[s].max(q);
         }
+    }
+    let t0 = Instant::now();
+    while last.load(Ordering::SeqCst) <= at_kill + 10 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::SeqCst);
     let (mut acked, errors, token) = w.join().unwrap();
@@ -435,8 +478,13 @@ fn kill9_one_nats_server_during_writes() {
     // acknowledged); the writer kept going.
     assert!(errors.iter().all(|&s| s == Status::Unavailable), "{errors:?}");
     assert!(acked.len() > 50, "{} acknowledged, {} failed", acked.len(), errors.len());
-    let late = acked.iter().filter(|(id, _)| *id > 1000 + acked.len() as u64 / 2).count();
-    assert!(late > 0);
+    assert!(
+        acked.iter().any(|&(id, _)| id > at_kill + 10),
+        "no write was acknowledged after the kill: {at_kill} {} {:?} {:?}",
+        acked.len(),
+        acked.last(),
+        errors.len()
+    );
     acked.extend(after_kill);
     let mut token = token;
     for (s, q) in extra.iter().enumerate() {
@@ -583,6 +631,12 @@ fn host_cut_off_from_nats_refuses_writes_within_its_deadline() {
     let scope =
         RecallOptions { namespaces: Some(vec![ns_in(0, 0)]), read_your_writes: true, timeout_ms: Some(10_000), ..Default::default() };
     assert_eq!(d.recall(&vector(1), 1, &scope).unwrap()[0].id, 1);
+    // D's own replica has applied it (the recall above may have been forwarded while D caught up).
+    let t0 = Instant::now();
+    while d.get(&[1, 2]).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "D never applied its shard's log");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // Black hole: the connection stays up but nothing arrives; the write waits for its
     // acknowledgement until the write deadline (1.5 s) and is refused with UNAVAILABLE.

@@ -129,6 +129,8 @@ impl Layer {
                 async_nats::ConnectOptions::new()
                     .name(format!("kalosd-{name}-{}", cfg.node))
                     .retry_on_initial_connect()
+                    // Only the URLs given: a host's reachability is what its operator set up.
+                    .ignore_discovered_servers()
                     .max_reconnects(None)
                     .connection_timeout(Duration::from_secs(1))
                     .ping_interval(Duration::from_secs(1))
@@ -154,7 +156,10 @@ impl Layer {
             .map_err(|e| format!("--cluster {}: {e}", cfg.url))?;
         let js = {
             let _in_runtime = rt.enter();
-            jetstream::new(client.clone())
+            let mut js = jetstream::new(client.clone());
+            // API requests fail fast and are retried (the loops below) rather than wait 10 s.
+            js.set_timeout(Duration::from_secs(2));
+            js
         };
         let shards = (0..cfg.shards)
             .map(|_| Shard { applied: watch::channel(0).0, pending: AtomicU64::new(0), caught_up: AtomicBool::new(false) })
@@ -259,11 +264,17 @@ impl Layer {
                 ack_policy: jetstream::consumer::AckPolicy::All,
                 max_ack_pending: 100_000,
                 inactive_threshold: Duration::from_secs(3600),
+                // The local checkpoint, not the consumer, says where to resume (it is recreated
+                // at every start): one in-memory replica is created at once, without a Raft
+                // group of its own.
+                num_replicas: 1,
+                memory_storage: true,
                 ..Default::default()
             })
             .await
             .map_err(|e| e.to_string())?;
         let info = consumer.info().await.map_err(|e| e.to_string())?;
+        log::info!("cluster: shard {s}: consumer {durable} reads from log sequence {start}; {} entries pending", info.num_pending);
         sh.pending.store(info.num_pending, Ordering::SeqCst);
         if info.num_pending == 0 {
             sh.caught_up.store(true, Ordering::SeqCst);
@@ -322,6 +333,7 @@ impl Layer {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("APPLY: {e}"))?;
+        log::debug!("cluster: shard {s}: applied log entries up to {last_seq} ({pending} pending)");
         sh.applied.send_replace(last_seq);
         sh.pending.store(pending, Ordering::SeqCst);
         if pending == 0 {

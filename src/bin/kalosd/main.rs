@@ -164,8 +164,8 @@ struct ServeArgs {
     /// Cluster mode: JetStream replicas of each shard's log (1 to 5; odd)
     #[arg(long, default_value_t = 3, requires = "cluster")]
     replicas: usize,
-    /// Cluster mode: how long a write waits for the log's acknowledgement, ms (then UNAVAILABLE)
-    #[arg(long, default_value_t = 2000, requires = "cluster")]
+    /// Cluster mode: how long a write waits for the log's acknowledgement, ms (then UNAVAILABLE); keep it below the clients' deadline (5 s by default)
+    #[arg(long, default_value_t = 4000, requires = "cluster")]
     write_timeout_ms: u64,
 }
 
