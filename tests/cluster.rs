@@ -354,14 +354,13 @@ fn write_on_one_host_is_read_on_another() {
 }
 
 /// A writer that sends single upserts through `k` until stopped, keeping what was acknowledged.
+/// What a writer did: acknowledged (id, namespace), the statuses of refused writes, and the
+/// write token of everything acknowledged.
+type Written = (Vec<(u64, u64)>, Vec<Status>, Vec<u64>);
+
 /// `last` follows the last acknowledged id.
-fn writer(
-    name: String,
-    stop: Arc<AtomicBool>,
-    first_id: u64,
-    last: Arc<AtomicU64>,
-) -> std::thread::JoinHandle<(Vec<(u64, u64)>, Vec<Status>, Vec<u64>)> {
-    fn merge(token: &mut Vec<u64>, k: &Kalos) {
+fn writer(name: String, stop: Arc<AtomicBool>, first_id: u64, last: Arc<AtomicU64>) -> std::thread::JoinHandle<Written> {
+    fn merge(token: &mut [u64], k: &Kalos) {
         for (s, q) in k.write_seqs().into_iter().enumerate() {
             token[s] = token[s].max(q);
         }

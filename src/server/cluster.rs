@@ -31,6 +31,9 @@ use crate::wire::request::{self, decode_delete_where, decode_ids, decode_namespa
 use crate::wire::response::deleted;
 use crate::wire::{Reader, Writer, OP_APPLY, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_RECALL, OP_UPSERT};
 
+/// One part of a client write: the shard and its log entry.
+pub type LogPart = (u32, Vec<u8>);
+
 /// The replicated log and the other hosts, as the server thread sees them. Implemented by
 /// kalosd's NATS layer; every method must return at once (no network wait on the caller).
 pub trait Cluster: Send + Sync + std::fmt::Debug {
@@ -146,7 +149,7 @@ impl Server {
 
     /// Checks a client write and splits it into log entries by shard; returns them and the
     /// response body the client gets before the write token.
-    fn split_write(&self, c: &dyn Cluster, op: u32, body: &[u8]) -> Result<(Vec<(u32, Vec<u8>)>, Vec<u8>)> {
+    fn split_write(&self, c: &dyn Cluster, op: u32, body: &[u8]) -> Result<(Vec<LogPart>, Vec<u8>)> {
         let now = now_unix_ms();
         let all = |b: &[u8]| (0..c.shards()).map(|s| (s, LogEntry { created_ms: now, op, body: b }.encode())).collect::<Vec<_>>();
         match op {

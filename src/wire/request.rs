@@ -80,6 +80,7 @@ pub enum Namespaces<'a> {
     PerItem(&'a [u64]),
 }
 
+#[allow(clippy::too_many_arguments)] // one argument per section of the header, in wire order
 /// Appends a RECALL request up to its queries (`nq` × dim f32 values, which follow it in the
 /// slot: [`super::f32_bytes`]).
 /// `filter` (a metadata expression's binary form) sets [`FLAG_FILTER`].
