@@ -21,10 +21,10 @@ use std::sync::Arc;
 
 use super::publish::{publish_to, Reply};
 use super::serve::Pending;
+use super::write::upsert_items;
 use super::Server;
 use crate::error::{Error, Result, Status};
 use crate::shm::{self, Segment};
-use crate::store::{UpsertItem, NEVER};
 use crate::types::now_unix_ms;
 use crate::wire::cluster::{decode_apply, shard_of, LogEntry, FLAG_LOCAL};
 use crate::wire::request::{self, decode_delete_where, decode_ids, decode_namespace, RecallHead, UpsertRequest};
@@ -155,20 +155,7 @@ impl Server {
         match op {
             OP_UPSERT => {
                 let u = UpsertRequest::decode(body, self.dim)?;
-                if u.expires_ms != NEVER && u.expires_ms <= now {
-                    return Err(Error::new(Status::InvalidArgument, format!("expiry {} (unix ms) is in the past", u.expires_ms)));
-                }
-                let items: Vec<UpsertItem> = (0..u.ids.len())
-                    .map(|i| UpsertItem {
-                        fields: u.fields.get(i).map_or(&[][..], |f| f.as_slice()),
-                        id: u.ids[i],
-                        namespace: u.namespaces[i],
-                        vector: &u.vectors[i * self.dim..(i + 1) * self.dim],
-                        payload: u.payloads[i],
-                        created_ms: now,
-                        expires_ms: u.expires_ms,
-                    })
-                    .collect();
+                let items = upsert_items(&u, self.dim, now)?;
                 match self.store.validate_upsert(&items) {
                     // Capacity is each replica's own; its apply decides.
                     Err(e) if e.status != Status::StoreFull => return Err(e),

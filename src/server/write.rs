@@ -13,6 +13,29 @@ use crate::wire::request::{decode_delete_where, decode_ids, decode_namespace, Up
 use crate::wire::response::deleted;
 use crate::wire::{OP_APPLY, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_UPSERT};
 
+/// The items of an upsert created at `now` (its ttl counted from then); INVALID_ARGUMENT when
+/// its expiry has passed.
+pub(super) fn upsert_items<'a>(u: &'a UpsertRequest<'_>, dim: usize, now: u64) -> Result<Vec<UpsertItem<'a>>> {
+    let mut expires = u.expires_ms;
+    if expires != NEVER && expires <= now {
+        return Err(Error::new(Status::InvalidArgument, format!("expiry {expires} (unix ms) is in the past")));
+    }
+    if u.ttl_ms > 0 {
+        expires = expires.min(now.saturating_add(u.ttl_ms));
+    }
+    Ok((0..u.ids.len())
+        .map(|i| UpsertItem {
+            fields: u.fields.get(i).map_or(&[][..], |f| f.as_slice()),
+            id: u.ids[i],
+            namespace: u.namespaces[i],
+            vector: &u.vectors[i * dim..(i + 1) * dim],
+            payload: u.payloads[i],
+            created_ms: now,
+            expires_ms: expires,
+        })
+        .collect())
+}
+
 impl Server {
     /// Runs the batch's writes in slot order, answering each in `results`; then commits the log
     /// once and syncs the engine.
@@ -115,25 +138,7 @@ impl Server {
 
     fn upsert(&mut self, body: &[u8], now: u64) -> Result<()> {
         let u = UpsertRequest::decode(body, self.dim)?;
-        let n = u.ids.len();
-        let mut expires = u.expires_ms;
-        if expires != NEVER && expires <= now {
-            return Err(Error::new(Status::InvalidArgument, format!("expiry {expires} (unix ms) is in the past")));
-        }
-        if u.ttl_ms > 0 {
-            expires = expires.min(now.saturating_add(u.ttl_ms));
-        }
-        let items: Vec<UpsertItem> = (0..n)
-            .map(|i| UpsertItem {
-                fields: u.fields.get(i).map_or(&[][..], |f| f.as_slice()),
-                id: u.ids[i],
-                namespace: u.namespaces[i],
-                vector: &u.vectors[i * self.dim..(i + 1) * self.dim],
-                payload: u.payloads[i],
-                created_ms: now,
-                expires_ms: expires,
-            })
-            .collect();
+        let items = upsert_items(&u, self.dim, now)?;
         self.store.validate_upsert(&items)?;
         let new_rows = items.iter().filter(|it| self.store.row_of(it.id).is_none()).count();
         if let Err(e) = self.engine.reserve(self.store.len() + new_rows) {
