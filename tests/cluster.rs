@@ -307,9 +307,20 @@ fn assert_all_present(h: &Host, token: &[u64], ids: &[(u64, u64)]) {
         };
         k.recall(&vector(1), 1, &o).unwrap_or_else(|e| panic!("{}: shard {s} did not catch up: {e}\n{}", h.name, h.log.lock().unwrap()));
     }
+    // The recall above may have been answered by another holder while this one caught up
+    // (after a reconnection); `get` reads this host's own replica.
     let mine: Vec<u64> = ids.iter().filter(|(_, ns)| h.holds(shard_of(*ns, SHARDS))).map(|(id, _)| *id).collect();
+    let t0 = Instant::now();
     for chunk in mine.chunks(256) {
-        let got = k.get(chunk).unwrap_or_else(|e| panic!("{}: an acknowledged write is missing: {e}", h.name));
+        let got = loop {
+            match k.get(chunk) {
+                Ok(got) => break got,
+                Err(e) if e.status == Status::NotFound && t0.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("{}: an acknowledged write is missing: {e}\n{}", h.name, h.log.lock().unwrap()),
+            }
+        };
         assert_eq!(got.len(), chunk.len());
     }
 }

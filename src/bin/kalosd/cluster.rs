@@ -282,6 +282,7 @@ impl Layer {
         let mut msgs =
             consumer.stream().max_messages_per_batch(1000).heartbeat(Duration::from_secs(1)).messages().await.map_err(|e| e.to_string())?;
         let room = local.slot_bytes().saturating_sub(64);
+        let mut next = None;
         loop {
             let first = match msgs.next().await {
                 None => return Err("the consumer's message stream ended".into()),
@@ -295,7 +296,7 @@ impl Layer {
                     Some(Some(Ok(m))) => {
                         let b = apply_entry_bytes(m.payload.len());
                         if size + b > room {
-                            self.apply_batch(s, local, std::mem::take(&mut batch)).await?;
+                            self.apply_batch(s, local, std::mem::take(&mut batch), &mut next).await?;
                             size = 0;
                         }
                         size += b;
@@ -305,42 +306,58 @@ impl Layer {
                     _ => break,
                 }
             }
-            self.apply_batch(s, local, batch).await?;
+            self.apply_batch(s, local, batch, &mut next).await?;
         }
     }
 
-    async fn apply_batch(&self, s: u32, local: &Arc<Kalos>, batch: Vec<jetstream::Message>) -> Result<(), String> {
-        let Some(last) = batch.last() else { return Ok(()) };
+    /// Applies `batch` in one APPLY request. `next` is the sequence the consumer must deliver
+    /// next (`None` at the start of a consumer, whose first entry is the stream's first at or
+    /// after the start sequence). A delivery that skips sequences (lost in a reconnection, while
+    /// the consumer counts it delivered) ends the consumer with an error after the entries
+    /// before the gap are applied: the caller reads again from the first missing one.
+    async fn apply_batch(&self, s: u32, local: &Arc<Kalos>, batch: Vec<jetstream::Message>, next: &mut Option<u64>) -> Result<(), String> {
         let sh = &self.shards[s as usize];
         let mut entries = Vec::with_capacity(batch.len());
-        let mut last_seq = 0;
-        let mut pending = 0;
+        let (mut last, mut pending, mut gap) = (None, 0, None);
         for m in &batch {
             let info = m.info().map_err(|e| e.to_string())?;
-            if info.stream_sequence <= last_seq {
-                continue;
+            let seq = info.stream_sequence;
+            match *next {
+                Some(n) if seq < n => continue, // delivered again
+                Some(n) if seq > n => {
+                    gap = Some((n, seq));
+                    break;
+                }
+                _ => {}
             }
-            last_seq = info.stream_sequence;
+            *next = Some(seq + 1);
             pending = info.pending;
-            entries.push((s, info.stream_sequence, m.payload.to_vec()));
+            last = Some(m);
+            entries.push((s, seq, m.payload.to_vec()));
         }
-        let mut w = Writer::new();
-        let refs: Vec<(u32, u64, &[u8])> = entries.iter().map(|(a, b, c)| (*a, *b, &c[..])).collect();
-        apply(&mut w, &refs);
-        let local = local.clone();
-        let req = w.buf;
-        tokio::task::spawn_blocking(move || local.call_raw(&req, Some(30_000)))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("APPLY: {e}"))?;
-        log::debug!("cluster: shard {s}: applied log entries up to {last_seq} ({pending} pending)");
-        sh.applied.send_replace(last_seq);
-        sh.pending.store(pending, Ordering::SeqCst);
-        if pending == 0 {
-            sh.caught_up.store(true, Ordering::SeqCst);
+        if let Some(m) = last {
+            let last_seq = entries.last().map_or(0, |e| e.1);
+            let mut w = Writer::new();
+            let refs: Vec<(u32, u64, &[u8])> = entries.iter().map(|(a, b, c)| (*a, *b, &c[..])).collect();
+            apply(&mut w, &refs);
+            let local = local.clone();
+            let req = w.buf;
+            tokio::task::spawn_blocking(move || local.call_raw(&req, Some(30_000)))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("APPLY: {e}"))?;
+            log::debug!("cluster: shard {s}: applied log entries up to {last_seq} ({pending} pending)");
+            sh.applied.send_replace(last_seq);
+            sh.pending.store(pending, Ordering::SeqCst);
+            if pending == 0 && gap.is_none() {
+                sh.caught_up.store(true, Ordering::SeqCst);
+            }
+            m.ack().await.map_err(|e| e.to_string())?;
         }
-        last.ack().await.map_err(|e| e.to_string())?;
-        Ok(())
+        match gap {
+            Some((n, seq)) => Err(format!("log entry {n} was not delivered (the consumer went on at {seq})")),
+            None => Ok(()),
+        }
     }
 
     /// Appends a write's parts to their shards' streams; answers once every part is
