@@ -74,13 +74,14 @@ impl Kalos {
         Some(ClusterRecall { wait_ms, allow_stale: opts.allow_stale, min_seqs })
     }
 
-    /// A recall response: the body, and the lag trailer of a stale-read recall.
-    fn split_reply<'r>(resp: &'r [u8], opts: &RecallOptions) -> Result<(&'r [u8], Option<Lag>)> {
+    /// A recall response of `nq` queries: the body, and the lag trailer of a stale-read recall
+    /// (cluster mode; a single host's reply has none).
+    fn split_reply<'r>(resp: &'r [u8], opts: &RecallOptions, nq: usize, payloads: bool) -> Result<(&'r [u8], Option<Lag>)> {
         if !opts.allow_stale {
             return Ok((resp, None));
         }
-        let (body, entries, ms) = split_lag(resp)?;
-        Ok((body, Some(Lag { entries, ms })))
+        let (body, lag) = split_lag(resp, nq, payloads)?;
+        Ok((body, lag.map(|(entries, ms)| Lag { entries, ms })))
     }
 
     /// Top-k for one query, written into `ids`/`scores` (each at least `min(k, len)` long);
@@ -106,7 +107,7 @@ impl Kalos {
             let mut w = w.borrow_mut();
             self.write_recall(&mut w, 1, k, 0, opts);
             self.call_parts(&[&w.buf, f32_bytes(query)], None, opts.timeout_ms, |resp| {
-                let (body, lag) = Self::split_reply(resp, opts)?;
+                let (body, lag) = Self::split_reply(resp, opts, 1, false)?;
                 Ok((read_recall_one(body, k, ids, scores)?, lag))
             })
         })
@@ -129,7 +130,7 @@ impl Kalos {
             let mut w = w.borrow_mut();
             self.write_recall(&mut w, 1, k, FLAG_PAYLOADS, opts);
             self.call_parts(&[&w.buf, f32_bytes(query)], None, opts.timeout_ms, |resp| {
-                let hits = read_recall_payloads(Self::split_reply(resp, opts)?.0)?;
+                let hits = read_recall_payloads(Self::split_reply(resp, opts, 1, true)?.0)?;
                 Ok(hits.into_iter().map(|(h, p)| PayloadHit { id: h.id, score: h.score, payload: p.map(<[u8]>::to_vec) }).collect())
             })
         })
@@ -181,7 +182,14 @@ impl Kalos {
                 let qv = &queries[q0 * self.dim..(q0 + qn) * self.dim];
                 let floats = Finite { v: qv, what: "batch", base: q0 * self.dim };
                 self.call_parts(&[&w.buf], Some(floats), opts.timeout_ms, |resp| {
-                    read_recall_batch(Self::split_reply(resp, opts)?.0, qn, k, &mut ids[q0 * k..], &mut scores[q0 * k..], &mut counts[q0..])
+                    read_recall_batch(
+                        Self::split_reply(resp, opts, qn, false)?.0,
+                        qn,
+                        k,
+                        &mut ids[q0 * k..],
+                        &mut scores[q0 * k..],
+                        &mut counts[q0..],
+                    )
                 })
             })?;
             q0 += qn;

@@ -438,3 +438,22 @@ impl Drop for Persist {
         }
     }
 }
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::{decode_checkpoint, encode_checkpoint};
+
+    #[test]
+    fn checkpoint_round_trips_and_detects_damage() {
+        let b = encode_checkpoint(&[3, 0, u64::MAX]);
+        assert_eq!(decode_checkpoint(&b), Some(vec![3, 0, u64::MAX]));
+        assert_eq!(decode_checkpoint(&encode_checkpoint(&[])), Some(vec![]));
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 1;
+            assert_eq!(decode_checkpoint(&d), None, "byte {i} flipped");
+        }
+        assert_eq!(decode_checkpoint(&b[..b.len() - 1]), None);
+        assert_eq!(decode_checkpoint(&[]), None);
+    }
+}

@@ -218,8 +218,11 @@ impl Server {
     /// are skipped. An entry that fails for a reason every replica shares (a bad id, a full
     /// store) is counted and passed; a local persistence failure stops the request.
     pub(super) fn apply_entries(&mut self, body: &[u8]) -> Result<Vec<u8>> {
+        let Some(c) = self.cluster.as_ref() else {
+            return Err(Error::new(Status::InvalidArgument, "APPLY is accepted only by a store served in cluster mode"));
+        };
+        let shards = c.shards() as usize;
         let entries = decode_apply(body)?;
-        let shards = self.cluster.as_ref().map_or(0, |c| c.shards()) as usize;
         for (s, seq, e) in entries {
             if s as usize >= shards {
                 return Err(Error::new(Status::InvalidArgument, format!("shard {s} of {shards}")));

@@ -154,12 +154,36 @@ pub fn append_lag(body: &mut Vec<u8>, entries: u64, ms: u64) {
     body.extend_from_slice(&ms.to_le_bytes());
 }
 
-/// Splits a reply of a stale-read recall into its recall body and the lag (entries, ms).
-pub fn split_lag(resp: &[u8]) -> Result<(&[u8], u64, u64)> {
-    let cut = resp.len().checked_sub(LAG_BYTES).filter(|&c| &resp[c..c + 4] == LAG_MAGIC);
-    let Some(c) = cut else { return Err(Error::new(Status::Internal, "a stale-read reply without its lag trailer")) };
-    let t = &resp[c + 4..];
-    Ok((&resp[..c], u64::from_le_bytes(t[..8].try_into().unwrap()), u64::from_le_bytes(t[8..].try_into().unwrap())))
+/// A replica's lag: (log entries pending, ms since it lost NATS).
+pub type LagPair = (u64, u64);
+
+/// Splits the reply of a recall of `nq` queries (with payloads or not) that opted in to stale
+/// reads into its recall body and the lag (entries, ms): a cluster's reply carries the lag
+/// trailer after the body, a single host's reply is the body alone (lag `None`). The body's
+/// length is found from its own counts, so the trailer is never guessed from its bytes.
+pub fn split_lag(resp: &[u8], nq: usize, payloads: bool) -> Result<(&[u8], Option<LagPair>)> {
+    let bad = || Error::new(Status::Internal, "a malformed recall reply");
+    let mut r = Reader::new(resp);
+    let total: usize = (0..nq).map(|_| r.u32("count").map(|c| c as usize)).sum::<Result<usize>>()?;
+    let mut len = super::response::recall_body_len(nq, total);
+    if payloads {
+        let lens = resp.get(len..len + 4 * total).ok_or_else(bad)?;
+        let bytes: usize = lens
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .filter(|&l| l != super::NONE_U32)
+            .map(|l| l as usize)
+            .sum();
+        len += 4 * total + bytes;
+    }
+    match resp.len().checked_sub(len) {
+        Some(0) => Ok((resp, None)),
+        Some(LAG_BYTES) if &resp[len..len + 4] == LAG_MAGIC => {
+            let t = &resp[len + 4..];
+            Ok((&resp[..len], Some((u64::from_le_bytes(t[..8].try_into().unwrap()), u64::from_le_bytes(t[8..].try_into().unwrap())))))
+        }
+        _ => Err(bad()),
+    }
 }
 
 /// The shard of namespace `ns` among `shards`: a fixed 64-bit mix of the namespace (the
@@ -193,9 +217,15 @@ mod tests {
         append_token(&mut b, &[(3, 4)]);
         assert_eq!(read_token(&b, 8).unwrap(), Some(vec![(3, 4)]));
         assert_eq!(read_token(&b[..8], 8).unwrap(), None);
+        // A recall body of one query and one hit, with and without the trailer.
+        let mut body = 1u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&9u64.to_le_bytes());
+        body.extend_from_slice(&0.5f32.to_le_bytes());
+        assert_eq!(split_lag(&body, 1, false).unwrap(), (&body[..], None));
+        let mut b = body.clone();
         append_lag(&mut b, 6, 7);
-        let (body, e, ms) = split_lag(&b).unwrap();
-        assert_eq!((body.len(), e, ms), (8 + 4 + 4 + 12, 6, 7));
+        assert_eq!(split_lag(&b, 1, false).unwrap(), (&body[..], Some((6, 7))));
+        assert!(split_lag(&b[..b.len() - 1], 1, false).is_err());
         let spread: std::collections::HashSet<u32> = (0..64).map(|ns| shard_of(ns, 3)).collect();
         assert_eq!(spread.len(), 3);
     }
