@@ -89,6 +89,12 @@
 #define KALOS_SYNC_NEVER 2
 
 // Scan: every score exact.
+// Recall consistency flag (cluster mode): read this handle's own acknowledged writes.
+#define KALOS_RECALL_READ_YOUR_WRITES 1
+
+// Recall consistency flag (cluster mode): accept a replica that may be behind its log.
+#define KALOS_RECALL_ALLOW_STALE 2
+
 #define KALOS_SCAN_EXACT 0
 
 // Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly.
@@ -220,6 +226,12 @@ enum kalos_status_code
   KALOS_PANIC = 23,
   // An internal invariant failed.
   KALOS_INTERNAL = 24,
+  // Cluster mode: the replicated log cannot take the write (host cut off from NATS, or no
+  // quorum), or no host of a shard answered a forwarded recall.
+  KALOS_UNAVAILABLE = 25,
+  // Cluster mode: the local replica may be behind its log and the recall did not opt in to
+  // stale reads (KALOS_RECALL_ALLOW_STALE).
+  KALOS_STALE = 26,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -323,6 +335,19 @@ typedef struct kalos_recall_params {
   // A caller whose `struct_size` ends before this field gets no filter.
   const uint8_t *filter;
   size_t filter_len;
+  // Cluster mode (docs/CLUSTER.md): `KALOS_RECALL_*` flags, 0 for none.
+  // `KALOS_RECALL_READ_YOUR_WRITES`: wait, up to the deadline, until the answering replica
+  // has applied this handle's last acknowledged writes. `KALOS_RECALL_ALLOW_STALE`: a replica
+  // that may be behind its log may answer (`kalos_recall_lag` says how far); without it such
+  // a recall fails with `KALOS_STALE`. Ignored outside cluster mode. A caller whose
+  // `struct_size` ends before this field gets 0.
+  uint32_t consistency;
+  uint32_t _reserved3;
+  // Cluster mode: per shard (index = shard), a log sequence the answering replica must
+  // have applied first, e.g. another handle's `kalos_last_write_seqs`; NULL (and length 0)
+  // for none. Borrowed for the call only.
+  const uint64_t *min_seqs;
+  size_t min_seqs_len;
 } kalos_recall_params;
 
 // Per-call upsert parameters; pass NULL for the defaults (namespace 0, no payloads, no
@@ -540,6 +565,41 @@ kalos_status kalos_recall(const struct kalos_handle *h,
                           float *scores,
                           size_t scores_len,
                           size_t *count);
+
+// `kalos_recall`, also writing how far behind its log the answering replica was (cluster
+// mode, with `KALOS_RECALL_ALLOW_STALE` in `params->consistency`): `*lag_entries` log entries
+// known not applied and `*lag_ms` milliseconds since it last heard from the log (0 while
+// connected); both 0 outside cluster mode or without the flag. Outputs are written on success
+// only. Thread-safe.
+//
+// # Safety
+// As `kalos_recall`; `lag_entries` and `lag_ms` writable.
+kalos_status kalos_recall_lag(const struct kalos_handle *h,
+                              const float *query,
+                              size_t query_len,
+                              uint32_t k,
+                              const struct kalos_recall_params *params,
+                              uint64_t *ids,
+                              size_t ids_len,
+                              float *scores,
+                              size_t scores_len,
+                              size_t *count,
+                              uint64_t *lag_entries,
+                              uint64_t *lag_ms);
+
+// Cluster mode: writes, per shard (index = shard), the log sequence of this handle's last
+// acknowledged write into `seqs` (0 = none) and the number of entries into `*count`; pass them
+// as `kalos_recall_params::min_seqs` to read these writes through another host. `*count` is 0
+// outside cluster mode and before the first write. `KALOS_BUFFER_TOO_SMALL` when `seqs_len`
+// is below the count (`*count` then holds the count needed). Thread-safe.
+//
+// # Safety
+// `h` a live handle; `seqs` writable for `seqs_len` entries (NULL allowed when `seqs_len` is
+// 0); `count` writable.
+kalos_status kalos_last_write_seqs(const struct kalos_handle *h,
+                                   uint64_t *seqs,
+                                   size_t seqs_len,
+                                   size_t *count);
 
 // `kalos_recall` for the arguments in `args` (see `kalos_recall_args`): the same checks,
 // results and errors, and the hit count in `args->count` (written on success only). Thread-safe for

@@ -62,10 +62,19 @@ pub enum Status {
     Panic = 23,
     /// An internal invariant failed; please report it.
     Internal = 24,
+    /// Cluster mode: the replicated log (NATS JetStream) could not take the write within its
+    /// deadline: this host is cut off from NATS, or the shard's stream has no quorum. A write
+    /// refused while the host knew itself disconnected was not logged; one whose
+    /// acknowledgement did not arrive in time may or may not have been (the message says
+    /// which). Also: no host holding a shard answered a forwarded recall.
+    Unavailable = 25,
+    /// Cluster mode: the local replica of a shard may be behind its log (this host is cut off
+    /// from NATS or still catching up) and the recall did not opt in to stale reads.
+    Stale = 26,
 }
 
 impl Status {
-    pub const ALL: [Status; 25] = [
+    pub const ALL: [Status; 27] = [
         Status::Ok,
         Status::InvalidArgument,
         Status::NullPointer,
@@ -91,6 +100,8 @@ impl Status {
         Status::Closed,
         Status::Panic,
         Status::Internal,
+        Status::Unavailable,
+        Status::Stale,
     ];
 
     /// Errors that belong to the request (a bad query found only where the engine reads it, e.g.
@@ -132,6 +143,8 @@ impl Status {
             Status::Closed => "CLOSED",
             Status::Panic => "PANIC",
             Status::Internal => "INTERNAL",
+            Status::Unavailable => "UNAVAILABLE",
+            Status::Stale => "STALE",
         }
     }
 
@@ -163,6 +176,8 @@ impl Status {
             Status::Closed => "handle is closed",
             Status::Panic => "internal panic caught at the API boundary",
             Status::Internal => "internal error",
+            Status::Unavailable => "the cluster log or the hosts of a shard cannot be reached",
+            Status::Stale => "the local replica may be behind its log",
         }
     }
 }

@@ -50,7 +50,7 @@ pub mod types;
 /// cbindgen:ignore
 pub mod wire;
 
-pub use client::{Kalos, ListOptions, Namespaces, Options, PayloadHit, RecallOptions, UpsertOptions};
+pub use client::{Kalos, Lag, ListOptions, Namespaces, Options, PayloadHit, RecallOptions, UpsertOptions};
 pub use error::{Error, Result, Status};
 pub use store::{Record, NEVER};
 pub use types::{Backend, Dtype, Filter, Hit, Metric, Recency, Role, Scan, SyncPolicy, MAX_K};

@@ -359,14 +359,14 @@ fn malformed_expressions_are_refused_by_the_server() {
         vec![1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 12, 1, b'a'],
     ] {
         let mut w = kalos::wire::Writer::new();
-        recall_head(&mut w, 1, 1, 0, None, None, Some(&bad));
+        recall_head(&mut w, 1, 1, 0, None, None, Some(&bad), None);
         w.f32s(&[1.0; DIM]);
         let (st, body) = raw_call(&seg, 0, &w.buf, w.buf.len() as u32);
         assert_eq!(st, Status::InvalidArgument as u32, "{bad:?}: {}", String::from_utf8_lossy(&body));
     }
     // Non-zero padding after the expression.
     let mut w = kalos::wire::Writer::new();
-    recall_head(&mut w, 1, 1, 0, None, None, Some(&Expr::Exists("ab".into()).encode()));
+    recall_head(&mut w, 1, 1, 0, None, None, Some(&Expr::Exists("ab".into()).encode()), None);
     let n = w.buf.len();
     w.buf[n - 1] = 7;
     w.f32s(&[1.0; DIM]);

@@ -51,6 +51,8 @@ fn status_constants_match_rust_enum() {
         KALOS_CLOSED,
         KALOS_PANIC,
         KALOS_INTERNAL,
+        KALOS_UNAVAILABLE,
+        KALOS_STALE,
     ];
     for (i, s) in kalos::Status::ALL.iter().enumerate() {
         assert_eq!(consts[i] as i32, *s as i32, "constant for {}", s.name());

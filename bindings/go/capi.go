@@ -275,6 +275,8 @@ const (
 	StatusClosed             Status = C.KALOS_CLOSED
 	StatusPanic              Status = C.KALOS_PANIC
 	StatusInternal           Status = C.KALOS_INTERNAL
+	StatusUnavailable        Status = C.KALOS_UNAVAILABLE
+	StatusStale              Status = C.KALOS_STALE
 )
 
 // errBuf receives kalos_last_error() from the wrappers. It lives on the caller's stack.

@@ -36,6 +36,8 @@ var statusNames = [...]string{
 	StatusClosed:             "CLOSED",
 	StatusPanic:              "PANIC",
 	StatusInternal:           "INTERNAL",
+	StatusUnavailable:        "UNAVAILABLE",
+	StatusStale:              "STALE",
 }
 
 // String is the status's stable name, as kalos_status_str gives it ("SERVER_GONE").
@@ -88,6 +90,8 @@ var (
 	ErrClosed             error = &statusError{StatusClosed, "client closed"}
 	ErrPanic              error = &statusError{StatusPanic, "panic in the library"}
 	ErrInternal           error = &statusError{StatusInternal, "internal error"}
+	ErrUnavailable        error = &statusError{StatusUnavailable, "cluster log or shard hosts unreachable"}
+	ErrStale              error = &statusError{StatusStale, "replica may be behind its log"}
 )
 
 var sentinels = [...]error{
@@ -115,6 +119,8 @@ var sentinels = [...]error{
 	StatusClosed:             ErrClosed,
 	StatusPanic:              ErrPanic,
 	StatusInternal:           ErrInternal,
+	StatusUnavailable:        ErrUnavailable,
+	StatusStale:              ErrStale,
 }
 
 // Err returns the sentinel error of the status; nil for StatusOK and for codes this

@@ -56,6 +56,25 @@ pub struct RecallOptions {
     pub filter: Option<Vec<u8>>,
     /// Overrides the handle's default deadline.
     pub timeout_ms: Option<u64>,
+    /// Cluster mode: wait (up to the deadline) until the replica that answers has applied this
+    /// handle's last acknowledged writes ([`Kalos::write_seqs`]).
+    pub read_your_writes: bool,
+    /// Cluster mode: per shard, a log sequence the answering replica must have applied first
+    /// (e.g. another handle's [`Kalos::write_seqs`]); 0 = none.
+    pub min_seqs: Option<Vec<u64>>,
+    /// Cluster mode: a replica that may be behind its log may answer; the reply says how far
+    /// behind ([`Kalos::recall_lag`]). Without it such a recall fails with `Stale`.
+    pub allow_stale: bool,
+}
+
+/// How far behind its log the replica that answered a stale-read recall was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lag {
+    /// Log entries known to be in the shard's stream and not applied (the largest over the
+    /// shards the recall read).
+    pub entries: u64,
+    /// Milliseconds since the replica last heard from the log; 0 while connected.
+    pub ms: u64,
 }
 
 /// What [`Kalos::list`] lists: the live memories in one of `namespaces` (all when None) that
@@ -123,6 +142,8 @@ pub struct Kalos {
     /// The handle that serves this one's calls after a takeover; `moved` is set once it is.
     successor: Mutex<Option<Arc<Kalos>>>,
     moved: AtomicBool,
+    /// Cluster mode: per shard, the log sequence of this handle's last acknowledged write.
+    seqs: Mutex<Vec<u64>>,
 }
 
 fn deadline_after(ms: u64) -> Instant {
@@ -142,6 +163,44 @@ impl Kalos {
             return Self::open_role(name, &opts);
         }
         Self::open_role(name, opts)
+    }
+
+    /// Opens `name` with role server in cluster mode: the store holds the shards `cluster`
+    /// says and logs every write there (docs/CLUSTER.md). kalosd's `serve --cluster` uses it.
+    pub fn open_cluster_server(name: &str, opts: &Options, cluster: Arc<dyn server::Cluster>) -> Result<Kalos> {
+        validate_name(name)?;
+        crate::config::tuning()?;
+        let opts = Options { role: Role::Server, ..opts.clone() };
+        let (seg, srv) = server::start_with(name, &opts, Some(cluster))?;
+        Ok(Self::from_segment(name, seg, Some(srv), &opts))
+    }
+
+    /// Cluster mode: per shard, the log sequence of this handle's last acknowledged write
+    /// (empty before the first, and outside cluster mode). Pass it as
+    /// [`RecallOptions::min_seqs`] to read these writes through another host.
+    pub fn write_seqs(&self) -> Vec<u64> {
+        self.seqs.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records the write token at `at` in a write's response (cluster mode).
+    fn note_token(&self, resp: &[u8], at: usize) -> Result<()> {
+        if let Some(t) = crate::wire::cluster::read_token(resp, at)? {
+            let mut s = self.seqs.lock().unwrap_or_else(PoisonError::into_inner);
+            for (shard, seq) in t {
+                if s.len() <= shard as usize {
+                    s.resize(shard as usize + 1, 0);
+                }
+                s[shard as usize] = s[shard as usize].max(seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a request as it is and returns the response body (the cluster layer's own
+    /// requests; not a supported API).
+    #[doc(hidden)]
+    pub fn call_raw(&self, req: &[u8], timeout_ms: Option<u64>) -> Result<Vec<u8>> {
+        self.call(req, timeout_ms, |r| Ok(r.to_vec()))
     }
 
     fn open_role(name: &str, opts: &Options) -> Result<Kalos> {
@@ -235,6 +294,7 @@ impl Kalos {
             takeover: None,
             successor: Mutex::new(None),
             moved: AtomicBool::new(false),
+            seqs: Mutex::new(Vec::new()),
         }
     }
 

@@ -10,6 +10,14 @@ use crate::wire::response::{list_fit, read_deleted, read_list, read_record, reco
 use crate::wire::{Reader, Stats, Writer};
 
 impl Kalos {
+    /// A DELETE, DELETE_NS, DELETE_WHERE or CLEAR response: the count, and in cluster mode the
+    /// write token after it.
+    fn read_write_reply(&self, r: &[u8]) -> Result<u64> {
+        let n = read_deleted(r)?;
+        self.note_token(r, 8)?;
+        Ok(n)
+    }
+
     /// Inserts or replaces memories. `vectors` is `ids.len() * dim` values. Within one call a
     /// repeated id is applied in order, so the last occurrence wins. A call too large for one
     /// slot is split into several requests, each applied atomically in order.
@@ -95,7 +103,7 @@ impl Kalos {
                 payloads,
                 opts.fields.map(|f| &f[i0..i1]),
             );
-            self.call(&w.buf, opts.timeout_ms, |_| Ok(()))?;
+            self.call(&w.buf, opts.timeout_ms, |r| self.note_token(r, 0))?;
             i0 = i1;
         }
         Ok(())
@@ -113,14 +121,14 @@ impl Kalos {
         }
         let mut w = Writer::new();
         request::delete(&mut w, ids);
-        self.call(&w.buf, timeout_ms, read_deleted)
+        self.call(&w.buf, timeout_ms, |r| self.read_write_reply(r))
     }
 
     /// Deletes every memory of namespace `ns`; returns how many.
     pub fn delete_namespace(&self, ns: u64) -> Result<u64> {
         let mut w = Writer::new();
         request::delete_namespace(&mut w, ns);
-        self.call(&w.buf, None, read_deleted)
+        self.call(&w.buf, None, |r| self.read_write_reply(r))
     }
 
     /// Deletes every memory that matches the metadata filter expression `filter` (binary form)
@@ -136,14 +144,14 @@ impl Kalos {
         if w.len() + HEAD_RESERVE > self.seg.data_bytes() {
             return Err(Error::new(Status::TooLarge, format!("a filter of {} bytes does not fit the slot size", filter.len())));
         }
-        self.call(&w.buf, None, read_deleted)
+        self.call(&w.buf, None, |r| self.read_write_reply(r))
     }
 
     /// Deletes every memory; returns how many.
     pub fn clear(&self) -> Result<u64> {
         let mut w = Writer::new();
         request::clear(&mut w);
-        self.call(&w.buf, None, read_deleted)
+        self.call(&w.buf, None, |r| self.read_write_reply(r))
     }
 
     /// Fetches memories by id. An unknown id fails the call with `NotFound` naming it.

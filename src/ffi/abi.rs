@@ -71,6 +71,12 @@ pub enum kalos_status_code {
     KALOS_PANIC = 23,
     /// An internal invariant failed.
     KALOS_INTERNAL = 24,
+    /// Cluster mode: the replicated log cannot take the write (host cut off from NATS, or no
+    /// quorum), or no host of a shard answered a forwarded recall.
+    KALOS_UNAVAILABLE = 25,
+    /// Cluster mode: the local replica may be behind its log and the recall did not opt in to
+    /// stale reads (KALOS_RECALL_ALLOW_STALE).
+    KALOS_STALE = 26,
 }
 
 /// Largest k a recall accepts.
@@ -111,6 +117,10 @@ pub const KALOS_SYNC_INTERVAL: u32 = 1;
 /// WAL sync: never fsync (the OS decides).
 pub const KALOS_SYNC_NEVER: u32 = 2;
 /// Scan: every score exact.
+/// Recall consistency flag (cluster mode): read this handle's own acknowledged writes.
+pub const KALOS_RECALL_READ_YOUR_WRITES: u32 = 1;
+/// Recall consistency flag (cluster mode): accept a replica that may be behind its log.
+pub const KALOS_RECALL_ALLOW_STALE: u32 = 2;
 pub const KALOS_SCAN_EXACT: u32 = 0;
 /// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly.
 pub const KALOS_SCAN_INT8: u32 = 1;
@@ -273,6 +283,19 @@ pub struct kalos_recall_params {
     /// A caller whose `struct_size` ends before this field gets no filter.
     pub filter: *const u8,
     pub filter_len: usize,
+    /// Cluster mode (docs/CLUSTER.md): `KALOS_RECALL_*` flags, 0 for none.
+    /// `KALOS_RECALL_READ_YOUR_WRITES`: wait, up to the deadline, until the answering replica
+    /// has applied this handle's last acknowledged writes. `KALOS_RECALL_ALLOW_STALE`: a replica
+    /// that may be behind its log may answer (`kalos_recall_lag` says how far); without it such
+    /// a recall fails with `KALOS_STALE`. Ignored outside cluster mode. A caller whose
+    /// `struct_size` ends before this field gets 0.
+    pub consistency: u32,
+    pub _reserved3: u32,
+    /// Cluster mode: per shard (index = shard), a log sequence the answering replica must
+    /// have applied first, e.g. another handle's `kalos_last_write_seqs`; NULL (and length 0)
+    /// for none. Borrowed for the call only.
+    pub min_seqs: *const u64,
+    pub min_seqs_len: usize,
 }
 
 /// The arguments of one `kalos_recall` call in a struct, for `kalos_recall_with`: callers whose
@@ -486,6 +509,10 @@ pub unsafe extern "C" fn kalos_recall_params_init(params: *mut kalos_recall_para
         timeout_ms: 0,
         filter: std::ptr::null(),
         filter_len: 0,
+        consistency: 0,
+        _reserved3: 0,
+        min_seqs: std::ptr::null(),
+        min_seqs_len: 0,
     };
     // SAFETY: the caller's contract, passed on.
     unsafe { write_prefix(params, value, size) };

@@ -173,7 +173,8 @@ unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOpti
     if size < std::mem::offset_of!(kalos_recall_params, filter) {
         return Err(Error::new(Status::InvalidArgument, "recall params struct_size too small; call kalos_recall_params_init"));
     }
-    if size >= std::mem::size_of::<kalos_recall_params>() {
+    let has = |end: usize| size >= end;
+    if has(std::mem::offset_of!(kalos_recall_params, consistency)) {
         // SAFETY: caller promises filter_len readable bytes.
         if let Some(f) = unsafe { opt_slice(p.filter, p.filter_len, "params.filter") }? {
             crate::filter::Expr::decode(f)?;
@@ -195,6 +196,24 @@ unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOpti
     }
     if p.timeout_ms > 0 {
         o.timeout_ms = Some(p.timeout_ms);
+    }
+    if has(std::mem::size_of::<kalos_recall_params>()) {
+        if p.consistency & !(KALOS_RECALL_READ_YOUR_WRITES | KALOS_RECALL_ALLOW_STALE) != 0 {
+            return Err(Error::new(Status::InvalidArgument, format!("unknown consistency flags {:#x}", p.consistency)));
+        }
+        o.read_your_writes = p.consistency & KALOS_RECALL_READ_YOUR_WRITES != 0;
+        o.allow_stale = p.consistency & KALOS_RECALL_ALLOW_STALE != 0;
+        if !p.min_seqs.is_null() || p.min_seqs_len > 0 {
+            // SAFETY: caller promises min_seqs_len readable entries.
+            let s = unsafe { slice(p.min_seqs, p.min_seqs_len, "params.min_seqs") }?;
+            if s.len() > crate::wire::cluster::MAX_SHARDS {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!("min_seqs has {} entries; at most {}", s.len(), crate::wire::cluster::MAX_SHARDS),
+                ));
+            }
+            o.min_seqs = Some(s.to_vec());
+        }
     }
     Ok(o)
 }
@@ -230,6 +249,86 @@ pub unsafe extern "C" fn kalos_recall(
         let n = unsafe { recall_one(h, query, query_len, k, params, ids, ids_len, scores, scores_len) }?;
         // SAFETY: non-NULL, writable.
         unsafe { *count = n };
+        Ok(())
+    })
+}
+
+/// `kalos_recall`, also writing how far behind its log the answering replica was (cluster
+/// mode, with `KALOS_RECALL_ALLOW_STALE` in `params->consistency`): `*lag_entries` log entries
+/// known not applied and `*lag_ms` milliseconds since it last heard from the log (0 while
+/// connected); both 0 outside cluster mode or without the flag. Outputs are written on success
+/// only. Thread-safe.
+///
+/// # Safety
+/// As `kalos_recall`; `lag_entries` and `lag_ms` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_recall_lag(
+    h: *const kalos_handle,
+    query: *const f32,
+    query_len: usize,
+    k: u32,
+    params: *const kalos_recall_params,
+    ids: *mut u64,
+    ids_len: usize,
+    scores: *mut f32,
+    scores_len: usize,
+    count: *mut usize,
+    lag_entries: *mut u64,
+    lag_ms: *mut u64,
+) -> kalos_status {
+    guard(|| {
+        if count.is_null() || lag_entries.is_null() || lag_ms.is_null() {
+            return Err(null(if count.is_null() {
+                "count"
+            } else if lag_entries.is_null() {
+                "lag_entries"
+            } else {
+                "lag_ms"
+            }));
+        }
+        // SAFETY: contract of this function (the same as recall_one's).
+        let (n, lag) = unsafe { recall_one_lag(h, query, query_len, k, params, ids, ids_len, scores, scores_len) }?;
+        let lag = lag.unwrap_or_default();
+        // SAFETY: non-NULL, writable.
+        unsafe {
+            *count = n;
+            *lag_entries = lag.entries;
+            *lag_ms = lag.ms;
+        }
+        Ok(())
+    })
+}
+
+/// Cluster mode: writes, per shard (index = shard), the log sequence of this handle's last
+/// acknowledged write into `seqs` (0 = none) and the number of entries into `*count`; pass them
+/// as `kalos_recall_params::min_seqs` to read these writes through another host. `*count` is 0
+/// outside cluster mode and before the first write. `KALOS_BUFFER_TOO_SMALL` when `seqs_len`
+/// is below the count (`*count` then holds the count needed). Thread-safe.
+///
+/// # Safety
+/// `h` a live handle; `seqs` writable for `seqs_len` entries (NULL allowed when `seqs_len` is
+/// 0); `count` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kalos_last_write_seqs(h: *const kalos_handle, seqs: *mut u64, seqs_len: usize, count: *mut usize) -> kalos_status {
+    guard(|| {
+        if count.is_null() {
+            return Err(null("count"));
+        }
+        // SAFETY: contract of this function.
+        let h = unsafe { handle(h) }?;
+        let s = h.write_seqs();
+        if s.len() > seqs_len {
+            // SAFETY: non-NULL, writable.
+            unsafe { *count = s.len() };
+            return Err(Error::new(Status::BufferTooSmall, format!("{} sequence entries; seqs_len is {seqs_len}", s.len())));
+        }
+        if !s.is_empty() {
+            // SAFETY: contract of this function: seqs_len >= s.len() writable entries.
+            let out = unsafe { slice_mut(seqs, seqs_len, "seqs") }?;
+            out[..s.len()].copy_from_slice(&s);
+        }
+        // SAFETY: non-NULL, writable.
+        unsafe { *count = s.len() };
         Ok(())
     })
 }
@@ -287,8 +386,7 @@ pub unsafe extern "C" fn kalos_recall_args_init(args: *mut kalos_recall_args, si
 /// One recall for `kalos_recall` and `kalos_recall_with`; returns the hit count.
 ///
 /// # Safety
-/// `h` a live handle; `query` `query_len` readable floats; `params` NULL or valid;
-/// `ids`/`scores` writable for their lengths (NULL is reported as an error).
+/// As `recall_one_lag`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn recall_one(
     h: *const kalos_handle,
@@ -301,6 +399,27 @@ unsafe fn recall_one(
     scores: *mut f32,
     scores_len: usize,
 ) -> Result<usize> {
+    // SAFETY: contract of this function.
+    unsafe { recall_one_lag(h, query, query_len, k, params, ids, ids_len, scores, scores_len) }.map(|(n, _)| n)
+}
+
+/// One recall; returns the hit count and, for a stale-read recall, the replica's lag.
+///
+/// # Safety
+/// `h` a live handle; `query` `query_len` readable floats; `params` NULL or valid;
+/// `ids`/`scores` writable for their lengths (NULL is reported as an error).
+#[allow(clippy::too_many_arguments)]
+unsafe fn recall_one_lag(
+    h: *const kalos_handle,
+    query: *const f32,
+    query_len: usize,
+    k: u32,
+    params: *const kalos_recall_params,
+    ids: *mut u64,
+    ids_len: usize,
+    scores: *mut f32,
+    scores_len: usize,
+) -> Result<(usize, Option<crate::client::Lag>)> {
     // SAFETY: contract of this function.
     let h = unsafe { handle(h) }?;
     // SAFETY: contract of this function.
@@ -315,7 +434,7 @@ unsafe fn recall_one(
     let ids = unsafe { slice_mut(ids, ids_len, "ids") }?;
     // SAFETY: contract of this function.
     let scores = unsafe { slice_mut(scores, scores_len, "scores") }?;
-    h.recall_into(q, k as usize, &o, ids, scores)
+    h.recall_lag(q, k as usize, &o, ids, scores)
 }
 
 /// Recalls the top-`k` for each of `nq` queries (`queries_len` = nq × dim floats, row-major).

@@ -200,6 +200,7 @@ fn recall_opts(
         recency: if weight != 0.0 { Some(Recency { weight, half_life_ms }) } else { None },
         filter: opt_byte_vec(env, filter)?,
         timeout_ms: timeout_opt(timeout_ms)?,
+        ..RecallOptions::default()
     })
 }
 

@@ -104,6 +104,34 @@ pub struct Recovery {
 /// cbindgen:ignore
 pub const DEFAULT_COMPACT_MIN_BYTES: u64 = 64 << 20;
 
+/// The cluster checkpoint's file name in the data directory: `"KCK1" | n u32 | applied u64[n] |
+/// crc32c u32` (of everything before it), little-endian.
+const CHECKPOINT: &str = "cluster-applied";
+const CHECKPOINT_MAGIC: &[u8; 4] = b"KCK1";
+
+fn encode_checkpoint(applied: &[u64]) -> Vec<u8> {
+    let mut b = CHECKPOINT_MAGIC.to_vec();
+    b.extend_from_slice(&(applied.len() as u32).to_le_bytes());
+    for a in applied {
+        b.extend_from_slice(&a.to_le_bytes());
+    }
+    let c = crc32c(&b);
+    b.extend_from_slice(&c.to_le_bytes());
+    b
+}
+
+fn decode_checkpoint(b: &[u8]) -> Option<Vec<u64>> {
+    let body = b.get(..b.len().checked_sub(4)?)?;
+    if body.get(..4)? != CHECKPOINT_MAGIC || crc32c(body).to_le_bytes() != b[body.len()..] {
+        return None;
+    }
+    let n = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?) as usize;
+    if body.len() != 8 + 8 * n {
+        return None;
+    }
+    Some((0..n).map(|i| u64::from_le_bytes(body[8 + 8 * i..16 + 8 * i].try_into().unwrap())).collect())
+}
+
 struct BgSnap {
     gen: u64,
     seq: u64,
@@ -344,6 +372,31 @@ impl Persist {
         let _ = self.dir.fsync();
     }
 
+    /// Cluster mode: the last log sequence applied per shard, as recorded by
+    /// [`Persist::write_checkpoint`] (empty when there is none). A checkpoint is written only
+    /// after the writes it covers are committed, so it may lag the table but never lead it.
+    pub fn read_checkpoint(&self) -> Result<Vec<u64>> {
+        let path = self.dir.join(CHECKPOINT);
+        let b = match self.dir.read(CHECKPOINT, 1 << 20) {
+            Ok(b) => b,
+            Err(_) if !path.exists() => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        decode_checkpoint(&b).ok_or_else(|| Error::new(Status::Corrupt, format!("{}: damaged cluster checkpoint", path.display())))
+    }
+
+    /// Records `applied` (per shard, the last log sequence whose writes are in the table and
+    /// committed) in the data directory: written to a temp file, fsynced and renamed.
+    pub fn write_checkpoint(&mut self, applied: &[u64]) -> Result<()> {
+        let tmp = format!("{CHECKPOINT}.tmp");
+        let mut f = self.dir.open_file(&tmp, OpenMode::Truncate)?;
+        let path = self.dir.join(&tmp);
+        f.write_all(&encode_checkpoint(applied)).map_err(|e| io_err("write", &path, e))?;
+        f.sync_data().map_err(|e| io_err("fsync", &path, e))?;
+        self.dir.rename(&tmp, &self.dir, CHECKPOINT)?;
+        self.dir.fsync()
+    }
+
     /// Log bytes written since the newest complete snapshot (what recovery would replay).
     pub fn wal_bytes(&self) -> u64 {
         self.log_since_snap
@@ -383,5 +436,24 @@ impl Drop for Persist {
             let _ = self.commit();
             let _ = self.wal.sync_data();
         }
+    }
+}
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::{decode_checkpoint, encode_checkpoint};
+
+    #[test]
+    fn checkpoint_round_trips_and_detects_damage() {
+        let b = encode_checkpoint(&[3, 0, u64::MAX]);
+        assert_eq!(decode_checkpoint(&b), Some(vec![3, 0, u64::MAX]));
+        assert_eq!(decode_checkpoint(&encode_checkpoint(&[])), Some(vec![]));
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 1;
+            assert_eq!(decode_checkpoint(&d), None, "byte {i} flipped");
+        }
+        assert_eq!(decode_checkpoint(&b[..b.len() - 1]), None);
+        assert_eq!(decode_checkpoint(&[]), None);
     }
 }

@@ -20,6 +20,7 @@
 //! Requests and responses are encoded and decoded by [`crate::wire`]; the engine is chosen, and
 //! replaced when the CUDA engine fails, by [`crate::engine::router`].
 
+mod cluster;
 mod gather;
 mod get;
 mod publish;
@@ -44,6 +45,7 @@ use crate::types::{now_unix_ms, validate_name, Backend, Hit, Metric, MAX_DIM, MA
 use crate::wire::request::{upsert_item_bytes, vector_bytes, HEAD_RESERVE};
 use crate::wire::response::record_bytes;
 use crate::wire::Writer;
+pub use cluster::{Cluster, SlotReply};
 use serve::{Pending, MIRROR_MIN_BYTES};
 use stats::Metrics;
 
@@ -122,6 +124,11 @@ fn validate_options(o: &Options) -> Result<()> {
 /// Starts a server for `name`: takes the name's lock, recovers the data directory, creates the
 /// segment and starts the server thread, returning once the thread serves.
 pub fn start(name: &str, opts: &Options) -> Result<(Arc<Segment>, ServerHandle)> {
+    start_with(name, opts, None)
+}
+
+/// [`start`], in cluster mode when `cluster` is given (`cluster.rs`).
+pub fn start_with(name: &str, opts: &Options, cluster: Option<Arc<dyn Cluster>>) -> Result<(Arc<Segment>, ServerHandle)> {
     validate_name(name)?;
     validate_options(opts)?;
     let backend = resolve_backend(opts.backend)?;
@@ -163,7 +170,7 @@ pub fn start(name: &str, opts: &Options) -> Result<(Arc<Segment>, ServerHandle)>
         let opts = opts.clone();
         std::thread::Builder::new()
             .name(format!("kalos-server-{name}"))
-            .spawn(move || server_main(seg, stop, opts, backend, store, persist, tx))
+            .spawn(move || server_main(seg, stop, opts, backend, store, persist, cluster, tx))
             .map_err(|e| Error::io("spawn server thread", e))?
     };
     match rx.recv() {
@@ -181,6 +188,7 @@ pub fn start(name: &str, opts: &Options) -> Result<(Arc<Segment>, ServerHandle)>
     }
 }
 
+#[allow(clippy::too_many_arguments)] // what the thread takes over from `start_with`, one value each
 fn server_main(
     seg: Arc<Segment>,
     stop: Arc<AtomicBool>,
@@ -188,6 +196,7 @@ fn server_main(
     backend: Backend,
     store: Store,
     persist: Option<Persist>,
+    cluster: Option<Arc<dyn Cluster>>,
     ready: mpsc::Sender<Result<()>>,
 ) {
     let h = seg.header();
@@ -206,7 +215,8 @@ fn server_main(
         }
     };
     let mut srv = Server::new(seg.clone(), opts, store, engine, router, persist);
-    if let Err(e) = srv.initial_sync() {
+    srv.cluster = cluster;
+    if let Err(e) = srv.initial_sync().and_then(|()| srv.attach_cluster()) {
         h.server_state.store(shm::SERVER_STOPPED, Ordering::SeqCst);
         let _ = ready.send(Err(e));
         return;
@@ -252,6 +262,12 @@ pub(crate) struct Server {
     router: Router,
     /// The gathering window for concurrent requests.
     gather: gather::Gather,
+    /// Cluster mode: the replicated log and the other hosts (`cluster.rs`).
+    cluster: Option<Arc<dyn Cluster>>,
+    /// Cluster mode: per shard, the last log sequence applied to the table.
+    applied: Vec<u64>,
+    /// `applied` as of the last checkpoint written to the data directory.
+    checkpointed: Vec<u64>,
 }
 
 impl Server {
@@ -291,6 +307,9 @@ impl Server {
             metrics: Metrics::new(),
             router,
             gather: gather::Gather::new(crate::config::tuning_or_default().gather_us.unwrap_or(gather::DEFAULT_GATHER_US)),
+            cluster: None,
+            applied: Vec::new(),
+            checkpointed: Vec::new(),
         }
     }
 

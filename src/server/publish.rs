@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use super::serve::Pending;
 use super::Server;
 use crate::error::{Result, Status};
-use crate::shm::{self, futex};
+use crate::shm::{self, futex, Segment};
 use crate::wire::response::error_body;
 use crate::wire::OP_RECALL;
 
@@ -17,6 +17,8 @@ use crate::wire::OP_RECALL;
 pub(super) enum Reply {
     Body(Status, Vec<u8>),
     InSlot(usize),
+    /// Handed to the cluster layer, which answers it (`cluster::SlotReply`).
+    Handed,
 }
 
 impl Reply {
@@ -38,6 +40,51 @@ pub(super) fn too_large(len: usize, cap: usize) -> Vec<u8> {
     error_body(format!("response of {len} bytes exceeds the slot size of {cap} bytes (option slot_bytes)"))
 }
 
+/// Writes `body` into slot `slot_i` as the answer to the request `word` and publishes it
+/// ([`finish_in`]); from any thread that owns the request. Returns whether a client was woken.
+pub(super) fn publish_to(seg: &Segment, slot_i: usize, word: u64, status: Status, body: &[u8]) -> bool {
+    let slot = seg.slot(slot_i);
+    let (status, body): (Status, std::borrow::Cow<[u8]>) = if body.len() > seg.data_bytes() {
+        (Status::TooLarge, too_large(body.len(), seg.data_bytes()).into())
+    } else {
+        (status, body.into())
+    };
+    // Only write into the slot while it is still this request's (the client may have
+    // abandoned it; a reclaimed slot may belong to someone else now).
+    if slot.state.load(Ordering::Acquire) != word {
+        release_abandoned(seg, slot_i, word);
+        return false;
+    }
+    seg.write_data(slot_i, 0, &body);
+    finish_in(seg, slot_i, word, status, body.len())
+}
+
+/// Publishes the response whose `len`-byte body is already in the slot's data area (written
+/// by `publish_to`, or by the engine itself) and wakes the client if it sleeps (returns whether
+/// it did). A slot the client abandoned meanwhile is released instead.
+fn finish_in(seg: &Segment, slot_i: usize, word: u64, status: Status, len: usize) -> bool {
+    let slot = seg.slot(slot_i);
+    slot.resp_len.store(len as u32, Ordering::Relaxed);
+    slot.status.store(status as u32, Ordering::Relaxed);
+    let done = shm::with_state(word, shm::SLOT_DONE);
+    if slot.state.compare_exchange(word, done, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        release_abandoned(seg, slot_i, word);
+        return false;
+    }
+    // Only this request's waiter: the flag may already belong to the slot's next request.
+    if slot.waiting.compare_exchange(shm::waiting_tag(word), 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        futex::wake(shm::low_word(&slot.state), i32::MAX);
+        return true;
+    }
+    false
+}
+
+fn release_abandoned(seg: &Segment, slot_i: usize, word: u64) {
+    let slot = seg.slot(slot_i);
+    let ab = shm::with_state(word, shm::SLOT_ABANDONED);
+    slot.free_if(ab);
+}
+
 impl Server {
     /// Publishes every answer of `batch` (`results`, in the same order; the batch took
     /// `elapsed_ns`), counts it for stats, and keeps the request buffers for the next batches.
@@ -46,7 +93,7 @@ impl Server {
             let r = r.unwrap_or_else(|| Reply::error(Status::Internal, "no result"));
             let st = match &r {
                 Reply::Body(st, _) => *st,
-                Reply::InSlot(_) => Status::Ok,
+                Reply::InSlot(_) | Reply::Handed => Status::Ok,
             };
             self.metrics.requests += 1;
             self.metrics.count(p.op(), st, elapsed_ns);
@@ -61,6 +108,7 @@ impl Server {
             match r {
                 Reply::Body(st, body) => self.publish(p.slot, p.word, st, &body),
                 Reply::InSlot(len) => self.finish(p.slot, p.word, Status::Ok, len),
+                Reply::Handed => {}
             }
             let mut buf = p.req;
             buf.clear();
@@ -72,45 +120,15 @@ impl Server {
     }
 
     fn publish(&self, slot_i: usize, word: u64, status: Status, body: &[u8]) {
-        let slot = self.seg.slot(slot_i);
-        let (status, body): (Status, std::borrow::Cow<[u8]>) = if body.len() > self.seg.data_bytes() {
-            (Status::TooLarge, too_large(body.len(), self.seg.data_bytes()).into())
-        } else {
-            (status, body.into())
-        };
-        // Only write into the slot while it is still this request's (the client may have
-        // abandoned it; a reclaimed slot may belong to someone else now).
-        if slot.state.load(Ordering::Acquire) != word {
-            self.release_abandoned(slot_i, word);
-            return;
-        }
-        self.seg.write_data(slot_i, 0, &body);
-        self.finish(slot_i, word, status, body.len());
-    }
-
-    /// Publishes the response whose `len`-byte body is already in the slot's data area (written
-    /// by `publish`, or by the engine itself) and wakes the client if it sleeps. A slot the
-    /// client abandoned meanwhile is released instead.
-    fn finish(&self, slot_i: usize, word: u64, status: Status, len: usize) {
-        let slot = self.seg.slot(slot_i);
-        slot.resp_len.store(len as u32, Ordering::Relaxed);
-        slot.status.store(status as u32, Ordering::Relaxed);
-        let done = shm::with_state(word, shm::SLOT_DONE);
-        if slot.state.compare_exchange(word, done, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-            self.release_abandoned(slot_i, word);
-            return;
-        }
-        // Only this request's waiter: the flag may already belong to the slot's next request.
-        if slot.waiting.compare_exchange(shm::waiting_tag(word), 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-            futex::wake(shm::low_word(&slot.state), i32::MAX);
+        if publish_to(&self.seg, slot_i, word, status, body) {
             self.woke_client.set(true);
         }
     }
 
-    fn release_abandoned(&self, slot_i: usize, word: u64) {
-        let slot = self.seg.slot(slot_i);
-        let ab = shm::with_state(word, shm::SLOT_ABANDONED);
-        slot.free_if(ab);
+    fn finish(&self, slot_i: usize, word: u64, status: Status, len: usize) {
+        if finish_in(&self.seg, slot_i, word, status, len) {
+            self.woke_client.set(true);
+        }
     }
 
     /// The server stops (`status` SERVER_GONE) or its thread panicked (PANIC): answers every

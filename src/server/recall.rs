@@ -45,7 +45,7 @@ impl Server {
     /// Reads and checks one recall request.
     fn parse_recall<'a>(&self, p: &'a Pending) -> Result<Parsed<'a>> {
         let mut r = Reader::new(p.body());
-        let RecallHead { k, nq, flags, namespaces, recency_weight: w, half_life_ms: hl, filter: expr } = RecallHead::decode(&mut r)?;
+        let RecallHead { k, nq, flags, namespaces, recency_weight: w, half_life_ms: hl, filter: expr, .. } = RecallHead::decode(&mut r)?;
         // The answer must fit the slot it goes back through: refused before any work (nq * k
         // hits take 12 bytes each, plus 4 per query).
         let reply = nq.checked_mul(k).map(|t| crate::wire::response::recall_body_len(nq, t));
@@ -128,7 +128,7 @@ impl Server {
         let mut first_key: Option<Key> = None;
         let mut keymap: HashMap<Key, usize> = HashMap::new();
         for (i, p) in batch.iter().enumerate() {
-            if p.op() != OP_RECALL {
+            if p.op() != OP_RECALL || results[i].is_some() {
                 continue;
             }
             match self.parse_recall(p) {

@@ -10,6 +10,7 @@ use super::Server;
 use crate::error::{Error, Status};
 use crate::shm::{self, futex};
 use crate::types::now_unix_ms;
+use crate::wire::cluster::FLAG_CLUSTER;
 use crate::wire::request::{body_of, op_of, RECALL_HEAD_MAX};
 use crate::wire::{FLAG_FILTER, OP_GET, OP_LIST, OP_RECALL, OP_STATS};
 
@@ -37,7 +38,7 @@ pub(super) struct Pending {
 
 impl Pending {
     /// The private copy of the request.
-    fn bytes(&self) -> &[u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
         match self.ext {
             // SAFETY: a region of the server's mirror, which outlives every Pending, written by
             // `collect` for this request and not touched again until the next `collect`, which
@@ -163,7 +164,7 @@ impl Server {
                 seg.read_data(i, &mut buf, RECALL_HEAD_MAX);
                 // A recall with a metadata filter is copied whole (its header has no fixed bound).
                 let flags = buf.get(12..16).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
-                if op_of(&buf) == OP_RECALL && flags & FLAG_FILTER == 0 {
+                if op_of(&buf) == OP_RECALL && flags & (FLAG_FILTER | FLAG_CLUSTER) == 0 {
                     self.batch.push(Pending { slot: i, word: p, req: buf, ext: None, slot_len: Some(len) });
                     continue;
                 }
@@ -190,6 +191,9 @@ impl Server {
         self.gather.note_batch(batch.iter().map(|p| shm::pid_of(p.word)), t0);
         self.metrics.batches += 1;
         let mut results: Vec<Option<Reply>> = vec![None; batch.len()];
+        // 0. Cluster mode: client writes go to the log, recalls this host cannot answer alone
+        // to the cluster layer.
+        self.route_cluster(&batch, &mut results);
         // 1. Writes, in slot order; one log commit for all of them.
         self.run_writes(&batch, &mut results);
         // 2. Reads: recalls grouped by (filter, recency) into single engine calls.
@@ -241,5 +245,6 @@ impl Server {
                 eprintln!("kalos: persistence housekeeping failed: {e}");
             }
         }
+        self.checkpoint();
     }
 }

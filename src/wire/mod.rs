@@ -26,6 +26,8 @@
 //!   (u32::MAX = all namespaces), ns u64[nns], then (flag 2) len u32 and the filter bytes.
 //!   Response: remaining u64 (matching ids after the last one listed), count u32, ids u64[count]
 //!   ascending.
+//! - APPLY (cluster mode, from the server's own process): log entries; see [`cluster`], which
+//!   also holds the recall's cluster section and the write token of cluster replies.
 //!
 //! An error response carries the UTF-8 message as its body and a non-zero status.
 //!
@@ -34,14 +36,15 @@
 //! - [`response`]: the server's response encoders (the recall body also straight into a slot,
 //!   [`DirectOut`]) and the client's parsers; [`Stats`].
 
+pub mod cluster;
 pub mod codec;
 pub mod request;
 pub mod response;
 
 pub use codec::{f32_bytes, f32_view, Reader, Writer, NONE_U32};
 pub use request::{
-    op_name, FLAG_FILTER, FLAG_PAYLOADS, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_GET, OP_LIST, OP_RECALL, OP_STATS,
-    OP_UPSERT,
+    op_name, FLAG_FILTER, FLAG_PAYLOADS, OP_APPLY, OP_CLEAR, OP_DELETE, OP_DELETE_NS, OP_DELETE_WHERE, OP_GET, OP_LIST, OP_RECALL,
+    OP_STATS, OP_UPSERT,
 };
 pub use request::{SearchRequest, SlotQueries};
 pub use response::{DirectOut, OpLatency, OpStatusCount, Stats, LATENCY_BUCKETS_NS};

@@ -18,6 +18,9 @@ pub const OP_STATS: u32 = 6;
 pub const OP_CLEAR: u32 = 7;
 pub const OP_DELETE_WHERE: u32 = 8;
 pub const OP_LIST: u32 = 9;
+/// Cluster mode: log entries for the server to apply (`wire::cluster`); internal (counted
+/// as an unknown op in the stats).
+pub const OP_APPLY: u32 = 10;
 
 /// The name of op code `op` (metrics labels); "unknown" for any other value.
 pub fn op_name(op: u32) -> &'static str {
@@ -31,6 +34,7 @@ pub fn op_name(op: u32) -> &'static str {
         OP_CLEAR => "clear",
         OP_DELETE_WHERE => "delete_where",
         OP_LIST => "list",
+        OP_APPLY => "apply",
         _ => "unknown",
     }
 }
@@ -79,6 +83,7 @@ pub enum Namespaces<'a> {
     PerItem(&'a [u64]),
 }
 
+#[allow(clippy::too_many_arguments)] // one argument per section of the header, in wire order
 /// Appends a RECALL request up to its queries (`nq` × dim f32 values, which follow it in the
 /// slot: [`super::f32_bytes`]).
 /// `filter` (a metadata expression's binary form) sets [`FLAG_FILTER`].
@@ -90,8 +95,10 @@ pub fn recall_head(
     namespaces: Option<&[u64]>,
     recency: Option<Recency>,
     filter: Option<&[u8]>,
+    cluster: Option<&super::cluster::ClusterRecall>,
 ) {
     let flags = if filter.is_some() { flags | FLAG_FILTER } else { flags };
+    let flags = if cluster.is_some() { flags | super::cluster::FLAG_CLUSTER } else { flags };
     w.u32(OP_RECALL).u32(k as u32).u32(nq as u32).u32(flags);
     match namespaces {
         None => w.u32(NONE_U32),
@@ -107,6 +114,9 @@ pub fn recall_head(
     if let Some(f) = filter {
         w.u32(f.len() as u32).bytes(f);
         w.bytes(&[0u8; 3][..filter_pad(f.len())]);
+    }
+    if let Some(c) = cluster {
+        c.encode(w);
     }
 }
 
@@ -286,6 +296,8 @@ pub struct RecallHead {
     pub half_life_ms: f64,
     /// The metadata filter expression (unchecked bytes; [`Filter::with_expr`] checks them).
     pub filter: Option<Vec<u8>>,
+    /// The cluster section ([`super::cluster::FLAG_CLUSTER`]).
+    pub cluster: Option<super::cluster::ClusterRecall>,
 }
 
 impl RecallHead {
@@ -300,7 +312,8 @@ impl RecallHead {
             return Err(Error::new(Status::InvalidArgument, "recall of zero queries"));
         }
         let flags = r.u32("flags")?;
-        if flags & !(FLAG_PAYLOADS | FLAG_FILTER) != 0 {
+        use super::cluster::{ClusterRecall, FLAG_CLUSTER, FLAG_LOCAL};
+        if flags & !(FLAG_PAYLOADS | FLAG_FILTER | FLAG_LOCAL | FLAG_CLUSTER) != 0 {
             return Err(Error::new(Status::InvalidArgument, format!("unknown recall flags {flags:#x}")));
         }
         let nns = r.u32("namespace count")?;
@@ -317,7 +330,8 @@ impl RecallHead {
         } else {
             None
         };
-        Ok(RecallHead { k, nq, flags: flags & !FLAG_FILTER, namespaces, recency_weight, half_life_ms, filter })
+        let cluster = if flags & FLAG_CLUSTER != 0 { Some(ClusterRecall::decode(r)?) } else { None };
+        Ok(RecallHead { k, nq, flags: flags & !(FLAG_FILTER | FLAG_CLUSTER), namespaces, recency_weight, half_life_ms, filter, cluster })
     }
 }
 
@@ -526,7 +540,7 @@ mod tests {
     fn requests_round_trip() {
         let mut w = Writer::new();
         let rec = Recency { weight: 0.25, half_life_ms: 1000.0 };
-        recall_head(&mut w, 7, 3, FLAG_PAYLOADS, Some(&[4, 2]), Some(rec), None);
+        recall_head(&mut w, 7, 3, FLAG_PAYLOADS, Some(&[4, 2]), Some(rec), None, None);
         assert_eq!(w.len(), RECALL_HEAD_BYTES + 16);
         assert_eq!(op_of(&w.buf), OP_RECALL);
         let body = body_of(&w.buf);

@@ -602,6 +602,55 @@ static void test_older_layouts(void) {
     free(buf);
 }
 
+/* ---- 8. the cluster-mode API on a single host (cluster mode itself: tests/cluster.rs) ---- */
+static void test_cluster_api(void) {
+    kalos_options o;
+    kalos_options_init(&o, sizeof o);
+    o.role = KALOS_ROLE_SERVER;
+    o.dim = 4;
+    o.timeout_ms = 3000;
+    char name[64];
+    snprintf(name, sizeof name, "charness-cl-%d", (int)getpid());
+    kalos_handle *h = NULL;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_OK);
+    uint64_t ids[2] = {1, 2}, rid[2], lid[2], le = 7, lm = 7, seqs[4];
+    float v[8] = {1, 0, 0, 0, 0, 1, 0, 0}, rsc[2], lsc[2];
+    size_t cnt = 9, lcnt = 9;
+    CHECK_STATUS(kalos_upsert(h, ids, 2, v, 8, NULL), KALOS_OK);
+    /* Outside cluster mode a write carries no token. */
+    CHECK_STATUS(kalos_last_write_seqs(h, seqs, 4, &cnt), KALOS_OK);
+    CHECK(cnt == 0, "single-host write token has %zu entries", cnt);
+    CHECK_STATUS(kalos_last_write_seqs(h, NULL, 0, NULL), KALOS_NULL_POINTER);
+    /* The consistency flags and min_seqs are accepted and ignored; the lag is 0. */
+    kalos_recall_params p;
+    kalos_recall_params_init(&p, sizeof p);
+    CHECK(p.consistency == 0 && p.min_seqs == NULL && p.min_seqs_len == 0, "recall params init: cluster fields");
+    uint64_t min[3] = {5, 0, 9};
+    p.consistency = KALOS_RECALL_READ_YOUR_WRITES | KALOS_RECALL_ALLOW_STALE;
+    p.min_seqs = min;
+    p.min_seqs_len = 3;
+    CHECK_STATUS(kalos_recall(h, v, 4, 2, NULL, rid, 2, rsc, 2, &cnt), KALOS_OK);
+    CHECK_STATUS(kalos_recall_lag(h, v, 4, 2, &p, lid, 2, lsc, 2, &lcnt, &le, &lm), KALOS_OK);
+    CHECK(lcnt == cnt && lid[0] == rid[0] && lid[1] == rid[1] && le == 0 && lm == 0,
+          "kalos_recall_lag: %zu hits (want %zu), lag %llu entries %llu ms", lcnt, cnt, (unsigned long long)le,
+          (unsigned long long)lm);
+    CHECK_STATUS(kalos_recall_lag(h, v, 4, 2, &p, lid, 2, lsc, 2, &lcnt, NULL, &lm), KALOS_NULL_POINTER);
+    p.consistency = 4;
+    CHECK_STATUS(kalos_recall(h, v, 4, 2, &p, rid, 2, rsc, 2, &cnt), KALOS_INVALID_ARGUMENT);
+    /* A caller built before the cluster fields (struct ending at filter_len) keeps its filter. */
+    size_t prev = offsetof(kalos_recall_params, consistency);
+    unsigned char pbuf[sizeof(kalos_recall_params)];
+    memset(pbuf, 0x5A, sizeof pbuf);
+    kalos_recall_params_init((kalos_recall_params *)pbuf, prev);
+    kalos_recall_params *pp = (kalos_recall_params *)pbuf;
+    uint64_t ns7 = 7;
+    pp->namespaces = &ns7; /* no memory is in namespace 7 */
+    pp->namespaces_len = 1;
+    CHECK_STATUS(kalos_recall(h, v, 4, 2, pp, rid, 2, rsc, 2, &cnt), KALOS_OK);
+    CHECK(cnt == 0, "a recall with the previous params layout ignored its namespace filter (%zu hits)", cnt);
+    kalos_close(h);
+}
+
 /* ---- 7. request counters by op and status (kalos_stats_ops) ---- */
 static void test_stats_ops(void) {
     char name[64];
@@ -823,6 +872,7 @@ int main(void) {
     test_older_layouts();
     test_stats_ops();
     test_list();
+    test_cluster_api();
     test_server_closed();
     test_server_killed();
     test_multiprocess();

@@ -83,7 +83,7 @@ pub fn valid_request(rng: &mut StdRng, dim: usize) -> (Vec<u8>, Vec<Field>) {
                 let leaf = Expr::eq("a", Value::Int(rng.random_range(0..4)));
                 if rng.random() { leaf } else { Expr::Or(vec![leaf, Expr::Not(Box::new(Expr::Exists("b".into())))]) }.encode()
             });
-            request::recall_head(&mut w, k, nq, flags, ns.as_deref(), recency, filter.as_deref());
+            request::recall_head(&mut w, k, nq, flags, ns.as_deref(), recency, filter.as_deref(), None);
             w.f32s(&mutate::vector(rng, nq * dim));
             f.extend([Field::u32(4), Field::u32(8), Field::u32(12), Field::u32(16), Field::u32(20), Field::u64(24)]);
         }
@@ -170,11 +170,13 @@ pub fn check_request(input: &[u8]) {
 
     let mut r = Reader::new(body);
     if let Ok(h) = RecallHead::decode(&mut r) {
-        assert!((1..=kalos::MAX_K).contains(&h.k) && h.nq > 0 && h.flags & !request::FLAG_PAYLOADS == 0);
+        assert!(
+            (1..=kalos::MAX_K).contains(&h.k) && h.nq > 0 && h.flags & !(request::FLAG_PAYLOADS | kalos::wire::cluster::FLAG_LOCAL) == 0
+        );
         let used = body.len() - r.remaining();
         let mut w = Writer::new();
         let rec = Recency { weight: h.recency_weight, half_life_ms: h.half_life_ms };
-        request::recall_head(&mut w, h.k, h.nq, h.flags, h.namespaces.as_deref(), Some(rec), h.filter.as_deref());
+        request::recall_head(&mut w, h.k, h.nq, h.flags, h.namespaces.as_deref(), Some(rec), h.filter.as_deref(), h.cluster.as_ref());
         assert_eq!(&w.buf[4..], &body[..used], "a recall header re-encodes to its bytes");
         if let Some(ns) = &h.namespaces {
             let _ = kalos::Filter::new(ns);

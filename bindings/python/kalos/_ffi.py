@@ -79,6 +79,8 @@ KALOS_OP_LIST = 9
 
 KALOS_SCAN_EXACT = 0
 KALOS_SCAN_INT8 = 1
+KALOS_RECALL_READ_YOUR_WRITES = 1
+KALOS_RECALL_ALLOW_STALE = 2
 KALOS_MAX_RERANK = 65536
 
 #: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
@@ -108,6 +110,8 @@ STATUS_CODES = {
     "CLOSED": 22,
     "PANIC": 23,
     "INTERNAL": 24,
+    "UNAVAILABLE": 25,
+    "STALE": 26,
 }
 
 kalos_status = c_int32
@@ -156,6 +160,10 @@ class kalos_recall_params(Structure):
         ("timeout_ms", c_uint64),
         ("filter", POINTER(c_uint8)),
         ("filter_len", c_size_t),
+        ("consistency", c_uint32),
+        ("_reserved3", c_uint32),
+        ("min_seqs", POINTER(c_uint64)),
+        ("min_seqs_len", c_size_t),
     ]
 
 
@@ -338,6 +346,11 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Tuple[str, Any]]]] = {
     ]),
     "kalos_op_name": _sig(c_char_p, "uint32_t"),
     "kalos_dim": _sig(kalos_status, "const struct kalos_handle *", "uint32_t *"),
+    "kalos_recall_lag": _sig(kalos_status,
+        "const struct kalos_handle *", "const float *", "size_t", "uint32_t",
+        "const struct kalos_recall_params *", "uint64_t *", "size_t", "float *", "size_t", "size_t *",
+        "uint64_t *", "uint64_t *"),
+    "kalos_last_write_seqs": _sig(kalos_status, "const struct kalos_handle *", "uint64_t *", "size_t", "size_t *"),
     "kalos_status_str": _sig(c_char_p, "kalos_status"),
     "kalos_version": _sig(c_char_p),
     "kalos_last_error": _sig(c_char_p),

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 use kalos::npy::{self, NpyData};
 use kalos::*;
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod data;
 mod doctor;
 mod json;
@@ -142,6 +144,29 @@ struct ServeArgs {
     /// Serve Prometheus metrics over HTTP at ADDR (GET /metrics), e.g. 127.0.0.1:9464
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Cluster mode: replicate and shard the store through NATS JetStream at these URLs
+    /// (comma-separated, e.g. nats://10.0.0.1:4222,nats://10.0.0.2:4222; docs/CLUSTER.md)
+    #[arg(long, value_name = "URLS", requires_all = ["shards", "node"], conflicts_with_all = ["load", "synthetic"])]
+    cluster: Option<String>,
+    /// Cluster mode: the shards this host holds, e.g. 0,2
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "cluster")]
+    shards: Vec<u32>,
+    /// Cluster mode: the store's shard count (the same on every host)
+    #[arg(long, default_value_t = 3, value_name = "S", requires = "cluster")]
+    shard_count: u32,
+    /// Cluster mode: the store's name in the cluster, the same on every host (default: --name;
+    /// hosts sharing a machine need distinct --name values)
+    #[arg(long, value_name = "NAME", requires = "cluster", value_parser = parse_cluster_store)]
+    cluster_store: Option<String>,
+    /// Cluster mode: this host's name, unique in the cluster (its consumers are named for it)
+    #[arg(long, value_name = "NAME", requires = "cluster", value_parser = parse_cluster_store)]
+    node: Option<String>,
+    /// Cluster mode: JetStream replicas of each shard's log (1 to 5; odd)
+    #[arg(long, default_value_t = 3, requires = "cluster")]
+    replicas: usize,
+    /// Cluster mode: how long a write waits for the log's acknowledgement, ms (then UNAVAILABLE); keep it below the clients' deadline (5 s by default)
+    #[arg(long, default_value_t = 4000, requires = "cluster")]
+    write_timeout_ms: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -352,6 +377,45 @@ fn load(k: &Kalos, a: &ServeArgs, dim: usize) -> Result<usize> {
     Ok(n)
 }
 
+/// Opens the store as its server: in cluster mode through the NATS layer, which then gets an
+/// internal client handle on the store.
+fn open_store(name: &str, o: &Options, a: &ServeArgs) -> Kalos {
+    let Some(url) = &a.cluster else { return Kalos::open(name, o).unwrap_or_else(|e| fail(e)) };
+    #[cfg(feature = "cluster")]
+    {
+        let cfg = cluster::Config {
+            store: a
+                .cluster_store
+                .clone()
+                .map_or_else(|| parse_cluster_store(name), Ok)
+                .unwrap_or_else(|e| fail(format!("--cluster-store (default --name): {e}"))),
+            url: url.clone(),
+            shards: a.shard_count,
+            hold: a.shards.clone(),
+            node: a.node.clone().unwrap_or_default(),
+            replicas: a.replicas,
+            write_timeout: Duration::from_millis(a.write_timeout_ms),
+            metric: a.metric,
+        };
+        let layer = cluster::Layer::start(cfg).unwrap_or_else(|e| fail(e));
+        let k = Kalos::open_cluster_server(name, o, layer.clone()).unwrap_or_else(|e| fail(e));
+        let internal = Options { role: Role::Client, timeout_ms: 30_000, ..Options::default() };
+        layer.set_local(std::sync::Arc::new(Kalos::open(name, &internal).unwrap_or_else(|e| fail(e))));
+        log::info!("cluster: {url} node={} shards={:?} of {}", a.node.as_deref().unwrap_or(""), a.shards, a.shard_count);
+        k
+    }
+    #[cfg(not(feature = "cluster"))]
+    fail(format!("--cluster {url}: this kalosd was built without the cluster feature"))
+}
+
+/// A cluster store name: it becomes part of NATS subjects and stream names.
+fn parse_cluster_store(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Err(format!("{s:?}: 1 to 64 characters of [A-Za-z0-9_-]"));
+    }
+    Ok(s.to_string())
+}
+
 fn serve(a: &ServeArgs) {
     let name = a.name.as_str();
     let dim = a.dim;
@@ -381,7 +445,7 @@ fn serve(a: &ServeArgs) {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let k = std::sync::Arc::new(Kalos::open(name, &o).unwrap_or_else(|e| fail(e)));
+    let k = std::sync::Arc::new(open_store(name, &o, a));
     match load(&k, a, dim as usize) {
         Ok(0) => {}
         Ok(n) => log::info!("loaded {n} vectors"),

@@ -47,6 +47,8 @@ public class KalosException extends RuntimeException {
         CLOSED(22),
         PANIC(23),
         INTERNAL(24),
+        UNAVAILABLE(25),
+        STALE(26),
         /** A code this version of the binding does not know (a newer library). */
         UNKNOWN(-1);
 
