@@ -7,8 +7,9 @@
 //! 2. In-process CPU engine scan time per single query (k=10, ip) with 1 and N threads, next to
 //!    the floor `table bytes / bandwidth`; and the batched kernel's per-query time.
 //! 3. Round trip from a separate client process (this binary re-executed in client mode):
-//!    p50/p99/p99.9 over many requests, with spinning (client and server spin windows of 1 s) and
-//!    futex-only waiting (both 0), for an empty table, 10k×128, 100k×384 and 1M×128 f32, k=10.
+//!    p50/p99/p99.9 over many requests, with spinning (client and server spin windows of 1 s),
+//!    futex-only waiting (both 0) and the options' default windows, for an empty table,
+//!    10k×128, 100k×384 and 1M×128 f32, k=10.
 //! 4. Idle CPU of `kalosd` after its spin window: utime+stime from /proc/<pid>/stat and the
 //!    on-CPU nanoseconds from /proc/<pid>/task/*/schedstat over 3 s.
 //! 5. Peers on the same .npy files, queries and k: numpy and faiss-cpu (benches/peers.py).
@@ -155,16 +156,40 @@ fn client_main(args: &[String]) {
     println!("RESULT {} {} {} {} {}", l.len(), pct(&l, 0.5), pct(&l, 0.99), pct(&l, 0.999), mean);
 }
 
+/// How the client and the server wait: both spinning for a second, both sleeping at once, or
+/// with the options' defaults (what a user gets).
+#[derive(Clone, Copy)]
+enum Wait {
+    Spin,
+    Futex,
+    Default,
+}
+
+impl Wait {
+    fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Futex => "futex",
+            Wait::Default => "default",
+        }
+    }
+}
+
 /// Round trip through a server in this process and a client in a child process.
-fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, spin: bool) -> Option<[f64; 4]> {
-    let name = format!("bench-{}-{}-{}", std::process::id(), cfg.tag, if spin { "spin" } else { "futex" });
+fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, wait: Wait) -> Option<[f64; 4]> {
+    let name = format!("bench-{}-{}-{}", std::process::id(), cfg.tag, wait.name());
+    let (server_spin, client_spin) = match wait {
+        Wait::Spin => (SPIN_NS, SPIN_NS),
+        Wait::Futex => (0, 0),
+        Wait::Default => (Options::default().server_spin_ns, Options::default().client_spin_ns),
+    };
     let o = Options {
         role: Role::Server,
         dim: cfg.dim as u32,
         metric: Metric::InnerProduct,
         backend: Backend::Cpu,
         capacity: cfg.rows.max(1) as u64,
-        server_spin_ns: if spin { SPIN_NS } else { 0 },
+        server_spin_ns: server_spin,
         threads: threads as u32,
         timeout_ms: 120_000,
         ..Options::default()
@@ -179,7 +204,7 @@ fn roundtrip(cfg: &Config, vecs: &[f32], threads: usize, spin: bool) -> Option<[
     assert_eq!(st.count as usize, cfg.rows, "server holds every row");
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
-        .args(["client", &name, &cfg.requests.to_string(), &(if spin { SPIN_NS } else { 0 }).to_string(), &cfg.dim.to_string()])
+        .args(["client", &name, &cfg.requests.to_string(), &client_spin.to_string(), &cfg.dim.to_string()])
         .output()
         .expect("spawn client");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -344,6 +369,13 @@ fn main() {
     println!("date      {}", sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]));
     println!("commit    {}", sh("git", &["-C", root.to_str().unwrap(), "rev-parse", "--short", "HEAD"]));
     println!("machine   {model}, {threads} cores, engine {}", CpuEngine::new(threads).describe());
+    let served = CpuEngine::for_server(0, Options::default().server_spin_ns);
+    println!(
+        "server's engine {}: scans of at least {} KiB of vectors are split across threads",
+        served.describe(),
+        served.parallel_min_bytes() >> 10
+    );
+    drop(served);
     println!("k = {K}, metric ip, f32, queries uniform[-1,1], {} mode", if quick { "quick" } else { "full" });
     println!();
 
@@ -414,12 +446,12 @@ fn main() {
             println!("{}", scan_rows.last().unwrap());
         }
         // 3. Round trips.
-        for spin in [true, false] {
-            if let Some([p50, p99, p999, mean]) = roundtrip(&cfg, &vecs, threads, spin) {
+        for wait in [Wait::Spin, Wait::Futex, Wait::Default] {
+            if let Some([p50, p99, p999, mean]) = roundtrip(&cfg, &vecs, threads, wait) {
                 let row = format!(
                     "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
                     cfg.tag,
-                    if spin { "spin" } else { "futex" },
+                    wait.name(),
                     cfg.requests,
                     p50 / 1e3,
                     p99 / 1e3,

@@ -47,12 +47,70 @@ pub struct Record {
     pub fields: Vec<Field>,
 }
 
+/// Sixteen `f32` values on one 64-byte cache line: the unit [`LineVec`] allocates.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A growable `f32` buffer whose first value starts a cache line. With `dim` a multiple of 16
+/// every row of the table then starts its own line, so no 64-byte load of a scan spans two
+/// (with `Vec<f32>` a large table starts 16 bytes into a line: malloc's alignment).
+#[derive(Default)]
+struct LineVec {
+    lines: Vec<Line>,
+    /// Values in use (`≤ lines.len() * 16`).
+    len: usize,
+}
+
+impl LineVec {
+    fn as_slice(&self) -> &[f32] {
+        // SAFETY: `Line` is `repr(C)` around `[f32; 16]` (size 64, no padding), so the lines are
+        // one contiguous run of `lines.len() * 16` initialised f32s, and `len` never exceeds it.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<f32>(), self.len) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as in `as_slice`; the borrow of `self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
+    }
+    /// Grows (new values are 0.0) or shrinks to `n` values.
+    fn resize(&mut self, n: usize) {
+        if n <= self.len {
+            self.len = n;
+            return;
+        }
+        let old = self.len;
+        let lines = n.div_ceil(16);
+        if self.lines.len() < lines {
+            self.lines.resize(lines, Line::default());
+        }
+        self.len = n;
+        self.as_mut_slice()[old..].fill(0.0);
+    }
+    fn reserve(&mut self, extra: usize) {
+        let want = (self.len + extra).div_ceil(16);
+        self.lines.reserve(want.saturating_sub(self.lines.len()));
+    }
+}
+
+impl std::ops::Deref for LineVec {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for LineVec {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        self.as_mut_slice()
+    }
+}
+
 pub struct Store {
     dim: usize,
     metric: Metric,
     capacity: usize,
     max_payload: usize,
-    vectors: Vec<f32>,
+    vectors: LineVec,
     /// Cosine: original |x|; L2: |x|² of the stored row; IP: unused (1.0).
     norms: Vec<f32>,
     ids: Vec<u64>,
@@ -77,7 +135,7 @@ impl Store {
             metric,
             capacity,
             max_payload,
-            vectors: Vec::new(),
+            vectors: LineVec::default(),
             norms: Vec::new(),
             ids: Vec::new(),
             namespaces: Vec::new(),
@@ -239,7 +297,7 @@ impl Store {
             None => {
                 let r = self.ids.len();
                 self.ids.push(it.id);
-                self.vectors.resize((r + 1) * dim, 0.0);
+                self.vectors.resize((r + 1) * dim);
                 self.norms.push(0.0);
                 self.namespaces.push(0);
                 self.created_ms.push(0);
@@ -399,7 +457,7 @@ impl Store {
             self.index.insert(self.ids[row], row as u32);
             self.dirty.push(row as u32);
         }
-        self.vectors.truncate(last * dim);
+        self.vectors.resize(last * dim);
         self.norms.truncate(last);
         self.ids.truncate(last);
         self.namespaces.truncate(last);

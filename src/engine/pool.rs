@@ -95,6 +95,46 @@ impl Pool {
         self.handles.len()
     }
 
+    /// Median, over `rounds` jobs, of the time from publishing a job to the first worker
+    /// joining it, each job started once every worker sleeps: what a split scan pays for its
+    /// fan-out when the workers sleep between jobs. `None` when no worker joined within 2 ms in
+    /// half the rounds or more (a machine too busy to count on them).
+    pub fn wake_latency(&mut self, rounds: usize) -> Option<Duration> {
+        const LIMIT: Duration = Duration::from_millis(2);
+        let mut lat = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let t_sleep = Instant::now();
+            while (self.shared.sleepers.load(Ordering::SeqCst) as usize) < self.workers() && t_sleep.elapsed() < LIMIT {
+                std::thread::yield_now();
+            }
+            let joined = AtomicBool::new(false);
+            let took_ns = AtomicU64::new(u64::MAX);
+            let t0 = Instant::now();
+            self.run(&|idx| {
+                if idx != 0 {
+                    joined.store(true, Ordering::Release);
+                    return;
+                }
+                while t0.elapsed() < LIMIT {
+                    if joined.load(Ordering::Acquire) {
+                        took_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        return;
+                    }
+                    std::hint::spin_loop();
+                }
+            });
+            match took_ns.into_inner() {
+                u64::MAX => {}
+                ns => lat.push(Duration::from_nanos(ns)),
+            }
+        }
+        if lat.len() * 2 <= rounds {
+            return None;
+        }
+        lat.sort();
+        Some(lat[lat.len() / 2])
+    }
+
     /// Runs `f(0)` on the calling thread and `f(i)` on every worker `i` that is awake to join,
     /// and returns when all of those calls have returned. `f` must divide its work through
     /// shared claims (it cannot know who joins); indices are distinct within one job.
@@ -285,6 +325,17 @@ mod tests {
         assert!(caught > 0);
         let (t, _) = sum_job(&mut p, 100);
         assert_eq!(t, 4950);
+    }
+
+    #[test]
+    fn wake_latency_is_measured_when_workers_sleep() {
+        let mut p = Pool::new(1, Duration::ZERO);
+        // On a machine too loaded to wake the worker within 2 ms the answer is None.
+        if let Some(d) = p.wake_latency(9) {
+            assert!(d > Duration::ZERO && d < Duration::from_millis(2), "{d:?}");
+        }
+        let (t, _) = sum_job(&mut p, 100);
+        assert_eq!(t, 4950, "the pool works after the measurement");
     }
 
     #[test]

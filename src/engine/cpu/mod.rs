@@ -48,10 +48,15 @@
 //!   (14), so scans from 256 KiB of vectors up are split (a chunk of at least 64 KiB per
 //!   participant). On the H200 host (16 cores): 10k×128 in 233 µs on one thread, 22.5 µs on
 //!   15.
-//! - Smaller hosts (the 2-core reference VM): the workers sleep right after each job, and a
-//!   futex wake costs about as much as a spawn there (~45 µs ping-pong), so only tables above
-//!   8 MiB are split, where the scan is memory-bound and takes ≥ 0.3 ms (a 10k×128 table scans
-//!   in ~70 µs on one thread and took ~115 µs split in two).
+//! - Smaller hosts: the workers sleep right after each job, so a split pays a futex wake. The
+//!   server's engine measures that wake (`Pool::wake_latency`) and its own single-query kernel's
+//!   speed when it starts, and splits scans that take one thread at least three wakes
+//!   (`calibrated_min_bytes`, bounded to 256 KiB..64 MiB; 8 MiB when the workers cannot be
+//!   timed). Where a wake costs ~45 µs (a Zen 4 VM) that is several MiB; where it costs ~4 µs
+//!   (a Xeon VM) ~300 KiB, and a 10k×128 table scans in ~95 µs on two threads against ~180 on
+//!   one. A split scan there uses every core, so the server asks clients to stop spinning
+//!   after 5 µs (`Engine::client_spin_cap_ns`, the segment header's `client_spin_cap_ns`):
+//!   a client spinning through the scan would hold the core its second half needs.
 //!
 //! `KALOS_CPU_PARALLEL_MIN_BYTES` and `KALOS_CPU_SPIN_NS` override both choices (`crate::config`).
 //!
@@ -107,6 +112,12 @@ const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
 /// The same when the workers stay awake for the server's spin window (hosts of at least
 /// [`SPIN_MIN_CORES`] cores).
 const SPIN_PARALLEL_MIN_BYTES: usize = 256 << 10;
+/// A client's busy-wait advice when single-query scans of the table use every core: enough for
+/// answers that need no scan (the slot round trip takes about a microsecond), far below a
+/// split scan, which is at least three futex wakes long.
+const SPLIT_CLIENT_SPIN_NS: u64 = 5_000;
+/// Bounds of the split threshold calibrated on hosts whose workers sleep between jobs.
+const CALIBRATED_MIN_BYTES: (usize, usize) = (256 << 10, 64 << 20);
 /// Least bytes of vectors per participant of a split scan.
 const MIN_BYTES_PER_THREAD: usize = 64 << 10;
 /// Hosts with at least this many cores keep the pool's workers awake between requests (within
@@ -297,6 +308,13 @@ impl CpuEngine {
                 e.qisa = QIsa::for_isa(want);
             }
         }
+        if spin_ns == 0 && e.threads > 1 && tune.cpu_parallel_min_bytes.is_none() {
+            let mut pool = Pool::new(e.threads - 1, std::time::Duration::ZERO);
+            if let Some(b) = calibrated_min_bytes(&mut pool, e.scan_isa) {
+                e.par_min_bytes = b;
+            }
+            e.pool = Some(pool);
+        }
         if spin_ns > 0 {
             if threads == 0 && env_threads.is_none() {
                 // Leave a core to the clients: awake workers on every core would compete with
@@ -316,13 +334,10 @@ impl CpuEngine {
         let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
         let avail = Isa::available();
         let isa = if avail.contains(&isa) { isa } else { Isa::Scalar };
-        // Single-query scans are memory-bound: there the 256-bit kernel streams as fast as a
-        // plain sum, while the 512-bit one measured ~20% slower on Zen 4 (100k×384, 7.1 vs
-        // 8.6 ms, min of 10, `roundtrip probe`): the store's rows start 16 bytes past a cache
-        // line (malloc alignment), so every 64-byte load spans two lines, and Zen 4 executes
-        // 512-bit ops as two 256-bit halves anyway. In cache both are equal. AVX-512 keeps the
-        // batched tile kernel, where its 32 registers allow the 4×4 tile.
-        let scan_isa = if isa == Isa::Avx512 && avail.contains(&Isa::Avx2) { Isa::Avx2 } else { isa };
+        // Single-query scans use AVX2 where 512-bit operations run as two halves
+        // (`kernels::halves_512_bit_ops`); AVX-512 always keeps the batched tile kernel, where
+        // its 32 registers allow the 4×4 tile.
+        let scan_isa = if isa == Isa::Avx512 && avail.contains(&Isa::Avx2) && kernels::halves_512_bit_ops() { Isa::Avx2 } else { isa };
         let par_min_bytes = crate::config::tuning_or_default().cpu_parallel_min_bytes.unwrap_or(DEFAULT_PARALLEL_MIN_BYTES);
         CpuEngine {
             threads,
@@ -374,6 +389,11 @@ impl CpuEngine {
     }
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// The split threshold in force ([`CpuEngine::set_parallel_min_bytes`]).
+    pub fn parallel_min_bytes(&self) -> usize {
+        self.par_min_bytes
     }
 
     /// Tables with fewer bytes of vectors than this are scanned by the calling thread alone
@@ -633,6 +653,30 @@ impl CpuEngine {
     }
 }
 
+/// The split threshold of a pool whose workers sleep between jobs, from this machine's own
+/// costs: a split scan pays a fan-out (a futex wake, `Pool::wake_latency`) to halve the work,
+/// so it is chosen for scans that take one thread at least three fan-outs at the single-query
+/// kernel's measured speed. `None` when the workers could not be timed.
+fn calibrated_min_bytes(pool: &mut Pool, isa: Isa) -> Option<usize> {
+    let wake = pool.wake_latency(15)?;
+    // 4 MiB of rows: past a core's L2 on the machines measured, like the tables worth splitting.
+    const DIM: usize = 128;
+    let rows = (4 << 20) / (DIM * 4);
+    let table: Vec<f32> = (0..rows * DIM).map(|i| (i % 7) as f32 * 0.25).collect();
+    let q = vec![0.5f32; DIM];
+    let mut out = vec![0f32; rows];
+    let mut best = std::time::Duration::MAX;
+    for _ in 0..3 {
+        let t0 = std::time::Instant::now();
+        kernels::scores(isa, false, &q, &table, DIM, Rows::Range(0, rows), &mut out);
+        std::hint::black_box(&out);
+        best = best.min(t0.elapsed());
+    }
+    let bytes_per_s = (rows * DIM * 4) as f64 / best.as_secs_f64().max(1e-9);
+    let b = 3.0 * wake.as_secs_f64() * bytes_per_s;
+    Some((b as usize).clamp(CALIBRATED_MIN_BYTES.0, CALIBRATED_MIN_BYTES.1))
+}
+
 /// Walks rows `r0..r1` and feeds every candidate into `tops[..nq]`.
 fn scan(c: &Ctx<'_>, w: &mut Worker, r0: usize, r1: usize) {
     let Worker { tops, scores: sbuf, idx, dots } = w;
@@ -790,6 +834,16 @@ impl Engine for CpuEngine {
         }
         Ok(())
     }
+    fn client_spin_cap_ns(&self, store: &Store) -> u64 {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let row_bytes = if self.scan == Scan::Int8 { store.dim().div_ceil(4) } else { store.dim() };
+        let splits = self.plan_threads(store.len(), row_bytes, 1, BLOCK_ROWS_SINGLE) > 1;
+        if splits && self.threads >= cores {
+            SPLIT_CLIENT_SPIN_NS
+        } else {
+            0
+        }
+    }
     fn rerank_counts(&self) -> (u64, u64) {
         (self.reranked, self.uncertain)
     }
@@ -864,26 +918,66 @@ mod tests {
         assert_eq!(CpuEngine::with_isa(1, Isa::Scalar).describe(), "cpu-scalar-x1");
     }
 
-    #[test]
-    fn recency_bound_prunes_but_keeps_exact_result() {
-        let seed: u64 = rand::random();
-        println!("seed {seed}");
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let dim = 8;
-        let mut st = Store::new(dim, Metric::InnerProduct, 5000, 0);
-        let vecs: Vec<f32> = (0..5000 * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let items: Vec<UpsertItem<'_>> = (0..5000)
+    /// A table of `vecs.len() / dim` rows, ids 0.., row i created at `created(i)`.
+    fn table_of(vecs: &[f32], dim: usize, mut created: impl FnMut(usize) -> u64) -> Store {
+        let rows = vecs.len() / dim;
+        let mut st = Store::new(dim, Metric::InnerProduct, rows, 0);
+        let items: Vec<UpsertItem<'_>> = (0..rows)
             .map(|i| UpsertItem {
                 fields: &[],
                 id: i as u64,
                 namespace: 0,
                 vector: &vecs[i * dim..(i + 1) * dim],
                 payload: None,
-                created_ms: rng.random_range(0..1_000_000),
+                created_ms: created(i),
                 expires_ms: NEVER,
             })
             .collect();
         st.apply_upsert(&items);
+        st
+    }
+
+    fn table(rows: usize, dim: usize) -> Store {
+        let vecs: Vec<f32> = (0..rows * dim).map(|i| (i % 13) as f32 - 6.0).collect();
+        table_of(&vecs, dim, |_| 0)
+    }
+
+    #[test]
+    fn clients_are_asked_to_stop_spinning_only_when_a_scan_takes_every_core() {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let (small, large) = (table(100, 16), table(5000, 64));
+        let mut all = CpuEngine::new(cores);
+        all.set_parallel_min_bytes(1 << 20);
+        assert_eq!(all.client_spin_cap_ns(&small), 0, "a table scanned by the server thread alone");
+        let want = if cores > 1 { SPLIT_CLIENT_SPIN_NS } else { 0 };
+        assert_eq!(all.client_spin_cap_ns(&large), want, "a 1.3 MB table split over every core");
+        if cores > 2 {
+            let mut some = CpuEngine::new(cores - 1);
+            some.set_parallel_min_bytes(1 << 20);
+            assert_eq!(some.client_spin_cap_ns(&large), 0, "a core is left for the client");
+        }
+        let mut one = CpuEngine::new(1);
+        one.set_parallel_min_bytes(0);
+        assert_eq!(one.client_spin_cap_ns(&large), 0);
+    }
+
+    #[test]
+    fn the_calibrated_split_threshold_is_within_its_bounds() {
+        let mut pool = Pool::new(1, std::time::Duration::ZERO);
+        // None only when the worker could not be timed (a machine too loaded to wake it).
+        if let Some(b) = calibrated_min_bytes(&mut pool, Isa::detect()) {
+            assert!((CALIBRATED_MIN_BYTES.0..=CALIBRATED_MIN_BYTES.1).contains(&b), "{b}");
+        }
+    }
+
+    #[test]
+    fn recency_bound_prunes_but_keeps_exact_result() {
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dim = 8;
+        let vecs: Vec<f32> = (0..5000 * dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let st = table_of(&vecs, dim, |_| rng.random_range(0..1_000_000));
         let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
         let f = Filter::all();
         let req = SearchRequest {
