@@ -345,7 +345,9 @@ typedef struct kalos_recall_params {
   uint32_t _reserved3;
   // Cluster mode: per shard (index = shard), a log sequence the answering replica must
   // have applied first, e.g. another handle's `kalos_last_write_seqs`; NULL (and length 0)
-  // for none. Borrowed for the call only.
+  // for none. Borrowed for the call only. At most 4096 entries; a nonzero entry for a shard
+  // the store does not have fails the call with `KALOS_INVALID_ARGUMENT`. Ignored outside
+  // cluster mode.
   const uint64_t *min_seqs;
   size_t min_seqs_len;
 } kalos_recall_params;

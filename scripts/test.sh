@@ -32,10 +32,11 @@ failed=0
 shm_list() { find /dev/shm -maxdepth 1 -name 'kalos.*' -printf '%f\n' 2>/dev/null | sort; }
 SHM_BEFORE=$(mktemp)
 shm_list >"$SHM_BEFORE"
-# The cluster tests (tests/cluster.rs, in the rust suite) run nats-server, pinned (docs/CLUSTER.md):
+# The cluster tests (tests/cluster.rs in the rust suite, and the cross-language one of the python
+# suite, bindings/python/tests/test_cluster.py) run nats-server, pinned (docs/CLUSTER.md):
 # installed with the Go toolchain when it is not on PATH (about a minute on 2 cores).
 export PATH="$PATH:$(go env GOPATH 2>/dev/null)/bin"
-if [[ " ${SUITES[*]} " == *" rust "* ]] && ! command -v nats-server >/dev/null; then
+if [[ " ${SUITES[*]} " =~ \ (rust|python)\  ]] && ! command -v nats-server >/dev/null; then
   go install github.com/nats-io/nats-server/v2@v2.15.3
 fi
 source scripts/tmp-data-home.sh

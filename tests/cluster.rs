@@ -350,6 +350,10 @@ fn write_on_one_host_is_read_on_another() {
         let o = RecallOptions { namespaces: Some(vec![ns]), read_your_writes: true, timeout_ms: Some(10_000), ..Default::default() };
         assert_eq!(a.recall(&vector(id), 1, &o).unwrap()[0].id, id);
     }
+    // A token naming a shard the store does not have is refused, not ignored.
+    let o = RecallOptions { min_seqs: Some(vec![0, 0, 0, 5]), timeout_ms: Some(10_000), ..Default::default() };
+    let e = b.recall(&vector(1), 1, &o).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
     // Without the option the write shows up too, eventually (polled).
     upsert_one(&a, 20, ns_in(2, 2)).unwrap();
     let t0 = Instant::now();

@@ -49,6 +49,8 @@ package kalos
 #cgo nocallback kgo_get_fields
 #cgo noescape kgo_list
 #cgo nocallback kgo_list
+#cgo noescape kgo_last_write_seqs
+#cgo nocallback kgo_last_write_seqs
 
 #define KGO_ERRLEN 512
 
@@ -80,7 +82,8 @@ static kalos_status kgo_dim(const kalos_handle *h, uint32_t *dim, char *eb) {
 }
 
 static void kgo_recall_params(kalos_recall_params *p, const uint64_t *ns, size_t ns_len,
-                              float rw, double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len) {
+                              float rw, double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len,
+                              uint32_t consistency, const uint64_t *seqs, size_t seqs_len) {
 	kalos_recall_params_init(p, sizeof *p);
 	p->filter = flt;
 	p->filter_len = flt_len;
@@ -89,16 +92,23 @@ static void kgo_recall_params(kalos_recall_params *p, const uint64_t *ns, size_t
 	p->recency_weight = rw;
 	p->recency_half_life_ms = hl;
 	p->timeout_ms = tmo;
+	p->consistency = consistency;
+	p->min_seqs = seqs;
+	p->min_seqs_len = seqs_len;
 }
 
+// lag NULL: kalos_recall; else kalos_recall_lag, writing lag[0] (entries) and lag[1] (ms).
 static kalos_status kgo_recall(const kalos_handle *h, const float *q, size_t qlen, uint32_t k,
                                const uint64_t *ns, size_t ns_len, float rw, double hl, uint64_t tmo,
-                               const uint8_t *flt, size_t flt_len,
+                               const uint8_t *flt, size_t flt_len, uint32_t consistency,
+                               const uint64_t *seqs, size_t seqs_len,
                                uint64_t *ids, size_t ids_len, float *scores, size_t scores_len,
-                               size_t *count, char *eb) {
+                               size_t *count, uint64_t *lag, char *eb) {
 	kalos_recall_params p;
-	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len);
-	kalos_status st = kalos_recall(h, q, qlen, k, &p, ids, ids_len, scores, scores_len, count);
+	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len, consistency, seqs, seqs_len);
+	kalos_status st = lag == NULL
+		? kalos_recall(h, q, qlen, k, &p, ids, ids_len, scores, scores_len, count)
+		: kalos_recall_lag(h, q, qlen, k, &p, ids, ids_len, scores, scores_len, count, &lag[0], &lag[1]);
 	kgo_err(st, eb);
 	return st;
 }
@@ -106,11 +116,12 @@ static kalos_status kgo_recall(const kalos_handle *h, const float *q, size_t qle
 static kalos_status kgo_recall_batch(const kalos_handle *h, const float *q, size_t qlen, size_t nq,
                                      uint32_t k, const uint64_t *ns, size_t ns_len, float rw,
                                      double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len,
+                                     uint32_t consistency, const uint64_t *seqs, size_t seqs_len,
                                      uint64_t *ids, size_t ids_len,
                                      float *scores, size_t scores_len, size_t *counts,
                                      size_t counts_len, char *eb) {
 	kalos_recall_params p;
-	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len);
+	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len, consistency, seqs, seqs_len);
 	kalos_status st = kalos_recall_batch(h, q, qlen, nq, k, &p, ids, ids_len, scores, scores_len,
 	                                     counts, counts_len);
 	kgo_err(st, eb);
@@ -120,12 +131,13 @@ static kalos_status kgo_recall_batch(const kalos_handle *h, const float *q, size
 static kalos_status kgo_recall_payloads(const kalos_handle *h, const float *q, size_t qlen,
                                         uint32_t k, const uint64_t *ns, size_t ns_len, float rw,
                                         double hl, uint64_t tmo, const uint8_t *flt, size_t flt_len,
-                                     uint64_t *ids, size_t ids_len,
+                                        uint32_t consistency, const uint64_t *seqs, size_t seqs_len,
+                                        uint64_t *ids, size_t ids_len,
                                         float *scores, size_t scores_len, uint8_t *buf,
                                         size_t buf_len, uint32_t *lens, size_t lens_len,
                                         size_t *count, size_t *needed, char *eb) {
 	kalos_recall_params p;
-	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len);
+	kgo_recall_params(&p, ns, ns_len, rw, hl, tmo, flt, flt_len, consistency, seqs, seqs_len);
 	kalos_status st = kalos_recall_payloads(h, q, qlen, k, &p, ids, ids_len, scores, scores_len,
 	                                        buf, buf_len, lens, lens_len, count, needed);
 	kgo_err(st, eb);
@@ -216,6 +228,13 @@ static kalos_status kgo_get_fields(const kalos_handle *h, const uint64_t *ids, s
 	return st;
 }
 
+static kalos_status kgo_last_write_seqs(const kalos_handle *h, uint64_t *seqs, size_t seqs_len, size_t *count,
+                                        char *eb) {
+	kalos_status st = kalos_last_write_seqs(h, seqs, seqs_len, count);
+	kgo_err(st, eb);
+	return st;
+}
+
 static kalos_status kgo_stats(const kalos_handle *h, kalos_stats_info *out, char *eb) {
 	out->struct_size = (uint32_t)sizeof(kalos_stats_info);
 	kalos_status st = kalos_stats(h, out);
@@ -245,6 +264,9 @@ const (
 	MaxFilterNamespaces = C.KALOS_MAX_FILTER_NAMESPACES
 	// noPayload marks "no payload" in a payload length array.
 	noPayload = uint32(C.KALOS_NO_PAYLOAD)
+	// The recall consistency flags (kalos_recall_params.consistency).
+	flagReadYourWrites = uint32(C.KALOS_RECALL_READ_YOUR_WRITES)
+	flagAllowStale     = uint32(C.KALOS_RECALL_ALLOW_STALE)
 )
 
 // Status codes of the C API (kalos_status). The values are the header's; they are never
@@ -436,28 +458,42 @@ func cDim(h cHandle) (int, Status, string) {
 
 // recallArgs carries the per-call recall parameters to the wrappers.
 type recallArgs struct {
-	namespaces []uint64
-	weight     float32
-	halfLifeMS float64
-	timeoutMS  uint64
-	filter     []byte
-	err        error // a filter that did not encode
+	namespaces  []uint64
+	weight      float32
+	halfLifeMS  float64
+	timeoutMS   uint64
+	filter      []byte
+	consistency uint32   // flagReadYourWrites | flagAllowStale
+	minSeqs     []uint64 // a write token (WithMinSeqs)
+	lag         *Lag     // where WithAllowStale wants the lag, or nil
+	err         error    // a filter that did not encode
 }
 
 func cRecall(h cHandle, q []float32, k int, a *recallArgs, ids []uint64, scores []float32) (int, Status, string) {
 	var count C.size_t
 	var eb errBuf
+	var lag [2]C.uint64_t
+	var lagp *C.uint64_t
+	if a.lag != nil {
+		lagp = &lag[0]
+	}
 	st := cstatus(C.kgo_recall(h, f32p(q), C.size_t(len(q)), C.uint32_t(k),
 		u64p(a.namespaces), C.size_t(len(a.namespaces)), C.float(a.weight), C.double(a.halfLifeMS),
-		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
-		&count, eb.ptr()))
+		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)),
+		C.uint32_t(a.consistency), u64p(a.minSeqs), C.size_t(len(a.minSeqs)),
+		u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
+		&count, lagp, eb.ptr()))
 	runtime.KeepAlive(q)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(scores)
 	runtime.KeepAlive(a.namespaces)
 	runtime.KeepAlive(a.filter)
+	runtime.KeepAlive(a.minSeqs)
 	if st != StatusOK {
 		return 0, st, eb.String()
+	}
+	if a.lag != nil {
+		*a.lag = Lag{Entries: uint64(lag[0]), Disconnected: durationMS64(uint64(lag[1]))}
 	}
 	return int(count), st, ""
 }
@@ -466,13 +502,16 @@ func cRecallBatch(h cHandle, q []float32, nq, k int, a *recallArgs, ids []uint64
 	var eb errBuf
 	st := cstatus(C.kgo_recall_batch(h, f32p(q), C.size_t(len(q)), C.size_t(nq), C.uint32_t(k),
 		u64p(a.namespaces), C.size_t(len(a.namespaces)), C.float(a.weight), C.double(a.halfLifeMS),
-		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
+		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)),
+		C.uint32_t(a.consistency), u64p(a.minSeqs), C.size_t(len(a.minSeqs)),
+		u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
 		sizep(counts), C.size_t(len(counts)), eb.ptr()))
 	runtime.KeepAlive(q)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(scores)
 	runtime.KeepAlive(a.namespaces)
 	runtime.KeepAlive(a.filter)
+	runtime.KeepAlive(a.minSeqs)
 	runtime.KeepAlive(counts)
 	if st != StatusOK {
 		return st, eb.String()
@@ -486,13 +525,16 @@ func cRecallPayloads(h cHandle, q []float32, k int, a *recallArgs, ids []uint64,
 	var eb errBuf
 	st = cstatus(C.kgo_recall_payloads(h, f32p(q), C.size_t(len(q)), C.uint32_t(k),
 		u64p(a.namespaces), C.size_t(len(a.namespaces)), C.float(a.weight), C.double(a.halfLifeMS),
-		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)), u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
+		C.uint64_t(a.timeoutMS), u8p(a.filter), C.size_t(len(a.filter)),
+		C.uint32_t(a.consistency), u64p(a.minSeqs), C.size_t(len(a.minSeqs)),
+		u64p(ids), C.size_t(len(ids)), f32p(scores), C.size_t(len(scores)),
 		u8p(buf), C.size_t(len(buf)), u32p(lens), C.size_t(len(lens)), &cnt, &need, eb.ptr()))
 	runtime.KeepAlive(q)
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(scores)
 	runtime.KeepAlive(a.namespaces)
 	runtime.KeepAlive(a.filter)
+	runtime.KeepAlive(a.minSeqs)
 	runtime.KeepAlive(buf)
 	runtime.KeepAlive(lens)
 	if st != StatusOK {
@@ -624,6 +666,19 @@ func cGetFields(h cHandle, ids []uint64, buf []byte, lens []uint32) (needed int,
 		return int(need), st, eb.String()
 	}
 	return int(need), st, ""
+}
+
+// cWriteSeqs fills seqs with the handle's write token and returns its length; with
+// StatusBufferTooSmall the length is the one needed.
+func cWriteSeqs(h cHandle, seqs []uint64) (int, Status, string) {
+	var count C.size_t
+	var eb errBuf
+	st := cstatus(C.kgo_last_write_seqs(h, u64p(seqs), C.size_t(len(seqs)), &count, eb.ptr()))
+	runtime.KeepAlive(seqs)
+	if st != StatusOK {
+		return int(count), st, eb.String()
+	}
+	return int(count), st, ""
 }
 
 func cStats(h cHandle) (Stats, Status, string) {

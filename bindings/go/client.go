@@ -253,6 +253,9 @@ func (c *Client) RecallBatchInto(ctx context.Context, queries []float32, k int, 
 			return a.err
 		}
 	}
+	if a.lag != nil {
+		return errLagUnreported("recall_batch")
+	}
 	tmo, hasDL, err := deadline(ctx)
 	if err != nil {
 		return err
@@ -289,6 +292,9 @@ func (c *Client) RecallWithPayloads(ctx context.Context, query []float32, k int,
 		if a.err != nil {
 			return nil, a.err
 		}
+		if a.lag != nil {
+			return nil, errLagUnreported("recall_payloads")
+		}
 	}
 	ids := make([]uint64, k)
 	scores := make([]float32, k)
@@ -324,6 +330,36 @@ func (c *Client) RecallWithPayloads(ctx context.Context, query []float32, k int,
 			}
 		}
 		return hits, nil
+	}
+}
+
+// errLagUnreported is the error of a non-nil WithAllowStale lag on a recall that reports none.
+func errLagUnreported(op string) error {
+	return newError(op, StatusInvalidArgument,
+		"WithAllowStale: the lag is reported by Recall and RecallInto only; pass a nil lag here")
+}
+
+// WriteSeqs returns this client's write token (cluster mode): per shard (index = shard), the
+// log sequence of its last acknowledged write, 0 for none. Pass it to WithMinSeqs on a recall
+// through any host, from any process or language, to read these writes. Empty on a single
+// host and before the first write.
+func (c *Client) WriteSeqs() ([]uint64, error) {
+	seqs := make([]uint64, 16)
+	for {
+		h, err := c.acquire("write_seqs")
+		if err != nil {
+			return nil, err
+		}
+		n, st, msg := cWriteSeqs(h, seqs)
+		c.mu.RUnlock()
+		if st == StatusBufferTooSmall && n > len(seqs) {
+			seqs = make([]uint64, n)
+			continue
+		}
+		if st != StatusOK {
+			return nil, callError("write_seqs", st, msg, false)
+		}
+		return seqs[:n:n], nil
 	}
 }
 

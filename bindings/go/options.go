@@ -219,6 +219,44 @@ func WithRecency(weight float32, halfLife time.Duration) RecallOption {
 	}
 }
 
+// WithReadYourWrites makes a recall wait, up to its deadline, until the replica that answers
+// has applied this client's acknowledged writes (WriteSeqs). Cluster mode (docs/CLUSTER.md);
+// satisfied at once on a single host.
+func WithReadYourWrites() RecallOption {
+	return func(a *recallArgs) { a.consistency |= flagReadYourWrites }
+}
+
+// WithMinSeqs makes a recall wait, up to its deadline, until the replica that answers has
+// applied the writes of a write token: WriteSeqs of any client, in any process or language
+// (per shard log sequences; at most 4096 entries, else ErrInvalidArgument). Cluster mode;
+// ignored on a single host. The slice is only read during the call.
+func WithMinSeqs(token []uint64) RecallOption {
+	return func(a *recallArgs) { a.minSeqs = token }
+}
+
+// WithAllowStale lets a replica that may be behind its log answer (cluster mode); without
+// it such a recall fails with ErrStale. When lag is not nil, Recall and RecallInto store in
+// it how far behind that replica was (zero on a single host and for an up-to-date replica).
+// The library reports the lag of single-query recalls without payloads only: RecallBatch,
+// RecallBatchInto and RecallWithPayloads accept WithAllowStale(nil) and fail with
+// ErrInvalidArgument for a non-nil lag.
+func WithAllowStale(lag *Lag) RecallOption {
+	return func(a *recallArgs) {
+		a.consistency |= flagAllowStale
+		a.lag = lag
+	}
+}
+
+// Lag says how far behind its log the replica that answered a stale-read recall was
+// (WithAllowStale).
+type Lag struct {
+	// Entries counts log entries known to be in the shard's stream and not applied.
+	Entries uint64
+	// Disconnected is how long the replica's host has not heard from the log (0 while
+	// connected).
+	Disconnected time.Duration
+}
+
 // UpsertOption changes one upsert.
 type UpsertOption func(*upsertArgs)
 

@@ -7,7 +7,7 @@ use super::slot::Finite;
 use super::{Kalos, Lag, PayloadHit, RecallOptions};
 use crate::error::{Error, Result, Status};
 use crate::types::{check_finite, check_k, Hit, MAX_FILTER_NAMESPACES, MAX_K};
-use crate::wire::cluster::{split_lag, ClusterRecall};
+use crate::wire::cluster::{split_lag, ClusterRecall, MAX_SHARDS};
 use crate::wire::request::{filter_bytes, recall_head, vector_bytes, HEAD_RESERVE};
 use crate::wire::response::{read_recall_batch, read_recall_one, read_recall_payloads, recall_body_len};
 use crate::wire::{f32_bytes, Writer, FLAG_PAYLOADS};
@@ -38,6 +38,11 @@ impl Kalos {
         }
         if let Some(f) = &opts.filter {
             crate::filter::Expr::decode(f)?;
+        }
+        if let Some(s) = &opts.min_seqs {
+            if s.len() > MAX_SHARDS {
+                return Err(Error::new(Status::InvalidArgument, format!("min_seqs has {} entries; at most {MAX_SHARDS}", s.len())));
+            }
         }
         if let Some(r) = opts.recency {
             if !(r.weight.is_finite() && (0.0..=1.0).contains(&r.weight)) {

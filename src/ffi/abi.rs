@@ -293,7 +293,9 @@ pub struct kalos_recall_params {
     pub _reserved3: u32,
     /// Cluster mode: per shard (index = shard), a log sequence the answering replica must
     /// have applied first, e.g. another handle's `kalos_last_write_seqs`; NULL (and length 0)
-    /// for none. Borrowed for the call only.
+    /// for none. Borrowed for the call only. At most 4096 entries; a nonzero entry for a shard
+    /// the store does not have fails the call with `KALOS_INVALID_ARGUMENT`. Ignored outside
+    /// cluster mode.
     pub min_seqs: *const u64,
     pub min_seqs_len: usize,
 }

@@ -198,24 +198,24 @@ unsafe fn read_recall_params(p: *const kalos_recall_params) -> Result<RecallOpti
         o.timeout_ms = Some(p.timeout_ms);
     }
     if has(std::mem::size_of::<kalos_recall_params>()) {
-        if p.consistency & !(KALOS_RECALL_READ_YOUR_WRITES | KALOS_RECALL_ALLOW_STALE) != 0 {
-            return Err(Error::new(Status::InvalidArgument, format!("unknown consistency flags {:#x}", p.consistency)));
-        }
-        o.read_your_writes = p.consistency & KALOS_RECALL_READ_YOUR_WRITES != 0;
-        o.allow_stale = p.consistency & KALOS_RECALL_ALLOW_STALE != 0;
+        set_consistency(&mut o, p.consistency)?;
         if !p.min_seqs.is_null() || p.min_seqs_len > 0 {
             // SAFETY: caller promises min_seqs_len readable entries.
-            let s = unsafe { slice(p.min_seqs, p.min_seqs_len, "params.min_seqs") }?;
-            if s.len() > crate::wire::cluster::MAX_SHARDS {
-                return Err(Error::new(
-                    Status::InvalidArgument,
-                    format!("min_seqs has {} entries; at most {}", s.len(), crate::wire::cluster::MAX_SHARDS),
-                ));
-            }
-            o.min_seqs = Some(s.to_vec());
+            o.min_seqs = Some(unsafe { slice(p.min_seqs, p.min_seqs_len, "params.min_seqs") }?.to_vec());
         }
     }
     Ok(o)
+}
+
+/// Sets the cluster options of `KALOS_RECALL_*` flags (the C ABI's and the Java binding's
+/// `consistency`); unknown flags are `InvalidArgument`.
+pub(super) fn set_consistency(o: &mut RecallOptions, flags: u32) -> Result<()> {
+    if flags & !(KALOS_RECALL_READ_YOUR_WRITES | KALOS_RECALL_ALLOW_STALE) != 0 {
+        return Err(Error::new(Status::InvalidArgument, format!("unknown consistency flags {flags:#x}")));
+    }
+    o.read_your_writes = flags & KALOS_RECALL_READ_YOUR_WRITES != 0;
+    o.allow_stale = flags & KALOS_RECALL_ALLOW_STALE != 0;
+    Ok(())
 }
 
 /// Recalls the top-`k` memories for one query of `query_len` (= dim) floats.

@@ -187,6 +187,10 @@ fn opt_byte_vec(env: &Env, a: &JByteArray) -> JResult<Option<Vec<u8>>> {
     Ok(Some(v.into_iter().map(|b| b as u8).collect()))
 }
 
+/// The recall options of one call: the fields of `io.kalos.RecallOptions`, which every recall
+/// export takes in this order (`consistency` holds `KALOS_RECALL_*` flags, `min_seqs` a write
+/// token or null).
+#[allow(clippy::too_many_arguments)] // one argument per field of the Java options
 fn recall_opts(
     env: &Env,
     ns: &JLongArray,
@@ -194,14 +198,29 @@ fn recall_opts(
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
+    consistency: jint,
+    min_seqs: &JLongArray,
 ) -> JResult<RecallOptions> {
-    Ok(RecallOptions {
+    let mut o = RecallOptions {
         namespaces: opt_long_vec(env, ns)?,
         recency: if weight != 0.0 { Some(Recency { weight, half_life_ms }) } else { None },
         filter: opt_byte_vec(env, filter)?,
         timeout_ms: timeout_opt(timeout_ms)?,
+        min_seqs: opt_long_vec(env, min_seqs)?,
         ..RecallOptions::default()
-    })
+    };
+    super::api::set_consistency(&mut o, consistency as u32)?;
+    Ok(o)
+}
+
+/// Writes a stale-read recall's lag into `out` (`[entries, ms]`; zeros when the reply carried
+/// none) when `out` is not null.
+fn put_lag(env: &Env, out: &JLongArray, lag: Option<crate::client::Lag>) -> JResult<()> {
+    if !out.is_null() {
+        let l = lag.unwrap_or_default();
+        out.set_region(env, 0, &[l.entries as i64, l.ms as i64])?;
+    }
+    Ok(())
 }
 
 fn timeout_opt(t: jlong) -> JResult<Option<u64>> {
@@ -394,8 +413,9 @@ pub extern "system" fn Java_io_kalos_Native_isServer<'l>(mut env: EnvUnowned<'l>
 }
 
 /// `static native int recall(long h, float[] query, int k, long[] ns, byte[] filter, float w, double halfLife,
-/// long timeoutMs, long[] ids, float[] scores)`: copies the query once (GetFloatArrayRegion into
-/// a reused thread-local buffer), then waits for the server with nothing pinned.
+/// long timeoutMs, int consistency, long[] minSeqs, long[] ids, float[] scores, long[] lag)`:
+/// copies the query once (GetFloatArrayRegion into a reused thread-local buffer), then waits
+/// for the server with nothing pinned. `lag`, when not null, gets `[entries, ms]`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_io_kalos_Native_recall<'l>(
@@ -409,8 +429,11 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
+    consistency: jint,
+    min_seqs: JLongArray<'l>,
     ids_out: JLongArray<'l>,
     scores_out: JFloatArray<'l>,
+    lag_out: JLongArray<'l>,
 ) -> jint {
     run(&mut env, |env| {
         let kal = handle(h)?;
@@ -418,7 +441,7 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
         null_check(&ids_out, "ids")?;
         null_check(&scores_out, "scores")?;
         let k = k_of(k)?;
-        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms, consistency, &min_seqs)?;
         let n = QBUF.with(|qb| -> JResult<usize> {
             let mut q = qb.borrow_mut();
             let len = query.len(env)?;
@@ -429,9 +452,10 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
                     let (mut ids, mut sc) = (ib.borrow_mut(), sb.borrow_mut());
                     ids.resize(k, 0);
                     sc.resize(k, 0.0);
-                    let n = kal.recall_into(&q, k, &opts, &mut ids[..k], &mut sc[..k])?;
+                    let (n, lag) = kal.recall_lag(&q, k, &opts, &mut ids[..k], &mut sc[..k])?;
                     ids_out.set_region(env, 0, as_i64(&ids[..n]))?;
                     scores_out.set_region(env, 0, &sc[..n])?;
+                    put_lag(env, &lag_out, lag)?;
                     Ok(n)
                 })
             })
@@ -441,8 +465,9 @@ pub extern "system" fn Java_io_kalos_Native_recall<'l>(
 }
 
 /// `static native int recallDirect(long h, Buffer query, int qPos, int k, long[] ns, byte[] filter, float w,
-/// double halfLife, long timeoutMs, Buffer ids, int idsPos, Buffer scores, int scoresPos)`:
-/// zero-copy path over direct, native-order `FloatBuffer`/`LongBuffer`s.
+/// double halfLife, long timeoutMs, int consistency, long[] minSeqs, Buffer ids, int idsPos,
+/// Buffer scores, int scoresPos, long[] lag)`: zero-copy path over direct, native-order
+/// `FloatBuffer`/`LongBuffer`s.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
@@ -457,10 +482,13 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
+    consistency: jint,
+    min_seqs: JLongArray<'l>,
     ids_out: JObject<'l>,
     ids_pos: jint,
     scores_out: JObject<'l>,
     scores_pos: jint,
+    lag_out: JLongArray<'l>,
 ) -> jint {
     run(&mut env, |env| {
         let kal = handle(h)?;
@@ -477,7 +505,7 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
         if overlap(q, dim * 4, ip, k * 8) || overlap(q, dim * 4, sp, k * 4) || overlap(ip, k * 8, sp, k * 4) {
             return Err(JErr::IllegalArgument("query, ids and scores buffers must not overlap".into()));
         }
-        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms, consistency, &min_seqs)?;
         // SAFETY: regions checked in bounds, aligned and pairwise disjoint above; the buffers stay reachable for
         // the whole call (they are arguments of this native frame). Java code racing on the same
         // buffer memory is the caller's data race, as with any NIO buffer, not memory unsafety in
@@ -489,12 +517,15 @@ pub extern "system" fn Java_io_kalos_Native_recallDirect<'l>(
                 std::slice::from_raw_parts_mut(sp as *mut f32, k),
             )
         };
-        Ok(kal.recall_into(q, k, &opts, ids, scores)? as jint)
+        let (n, lag) = kal.recall_lag(q, k, &opts, ids, scores)?;
+        put_lag(env, &lag_out, lag)?;
+        Ok(n as jint)
     })
 }
 
 /// `static native byte[] recallPayloads(long h, float[] query, int k, long[] ns, byte[] filter, float w,
-/// double halfLife, long timeoutMs, long[] ids, float[] scores, int[] countAndLens)`:
+/// double halfLife, long timeoutMs, int consistency, long[] minSeqs, long[] ids, float[] scores,
+/// int[] countAndLens)`:
 /// `countAndLens[0]` = hit count, `countAndLens[1 + i]` = payload length of hit i (-1 = none);
 /// returns every payload packed back to back.
 #[no_mangle]
@@ -510,6 +541,8 @@ pub extern "system" fn Java_io_kalos_Native_recallPayloads<'l>(
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
+    consistency: jint,
+    min_seqs: JLongArray<'l>,
     ids_out: JLongArray<'l>,
     scores_out: JFloatArray<'l>,
     lens_out: JIntArray<'l>,
@@ -518,7 +551,7 @@ pub extern "system" fn Java_io_kalos_Native_recallPayloads<'l>(
         let kal = handle(h)?;
         null_check(&query, "query")?;
         let k = k_of(k)?;
-        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms, consistency, &min_seqs)?;
         let q = float_vec(env, &query)?;
         let hits = kal.recall_with_payloads(&q, k, &opts)?;
         let n = hits.len();
@@ -544,7 +577,8 @@ pub extern "system" fn Java_io_kalos_Native_recallPayloads<'l>(
 }
 
 /// `static native void recallBatch(long h, float[] queries, int nq, int k, long[] ns, byte[] filter, float w,
-/// double halfLife, long timeoutMs, long[] ids, float[] scores, int[] counts)`
+/// double halfLife, long timeoutMs, int consistency, long[] minSeqs, long[] ids, float[] scores,
+/// int[] counts)`
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_io_kalos_Native_recallBatch<'l>(
@@ -559,6 +593,8 @@ pub extern "system" fn Java_io_kalos_Native_recallBatch<'l>(
     weight: jfloat,
     half_life_ms: jdouble,
     timeout_ms: jlong,
+    consistency: jint,
+    min_seqs: JLongArray<'l>,
     ids_out: JLongArray<'l>,
     scores_out: JFloatArray<'l>,
     counts_out: JIntArray<'l>,
@@ -571,7 +607,7 @@ pub extern "system" fn Java_io_kalos_Native_recallBatch<'l>(
             return kerr(Status::InvalidArgument, "a batch needs at least one query");
         }
         let nq = nq as usize;
-        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms)?;
+        let opts = recall_opts(env, &ns, &filter, weight, half_life_ms, timeout_ms, consistency, &min_seqs)?;
         let q = float_vec(env, &queries)?;
         let mut ids = vec![0u64; nq * k];
         let mut scores = vec![0f32; nq * k];
@@ -779,6 +815,17 @@ pub extern "system" fn Java_io_kalos_Native_getFields<'l>(
 #[no_mangle]
 pub extern "system" fn Java_io_kalos_Native_deleteNamespace<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong, ns: jlong) -> jlong {
     run(&mut env, |_env| Ok(handle(h)?.delete_namespace(ns as u64)? as jlong))
+}
+
+/// `static native long[] writeSeqs(long h)`: the handle's write token (`Kalos::write_seqs`).
+#[no_mangle]
+pub extern "system" fn Java_io_kalos_Native_writeSeqs<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) -> jobject {
+    run(&mut env, |env| {
+        let seqs = handle(h)?.write_seqs();
+        let arr = env.new_long_array(seqs.len())?;
+        arr.set_region(env, 0, as_i64(&seqs))?;
+        Ok(arr.into_raw())
+    })
 }
 
 /// `static native long clear(long h)`

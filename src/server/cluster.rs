@@ -90,6 +90,20 @@ impl Drop for SlotReply {
     }
 }
 
+/// A recall's `min_seqs` may name only the store's shards (trailing zeros aside): a sequence
+/// for a shard beyond them is a token of another store or shard count, which no replica here
+/// could ever satisfy or refute.
+fn check_token(h: &RecallHead, shards: u32) -> Result<()> {
+    let Some(c) = &h.cluster else { return Ok(()) };
+    match c.min_seqs.iter().enumerate().skip(shards as usize).find(|(_, &q)| q != 0) {
+        Some((s, q)) => Err(Error::new(
+            Status::InvalidArgument,
+            format!("min_seqs names shard {s} (log sequence {q}) but the store has {shards} shards: a write token of another store?"),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl Server {
     fn slot_reply(&self, p: &Pending) -> SlotReply {
         SlotReply { seg: self.seg.clone(), slot: p.slot, word: p.word, sent: false }
@@ -113,7 +127,14 @@ impl Server {
                 }
                 OP_RECALL => {
                     let Ok(h) = RecallHead::decode(&mut Reader::new(p.body())) else { continue }; // the recall path reports it
-                    if h.flags & FLAG_LOCAL != 0 || self.answers_locally(&*c, &h) {
+                    if h.flags & FLAG_LOCAL != 0 {
+                        continue;
+                    }
+                    if let Err(e) = check_token(&h, c.shards()) {
+                        results[i] = Some(Reply::error(e.status, e.message));
+                        continue;
+                    }
+                    if self.answers_locally(&*c, &h) {
                         continue;
                     }
                     let req = match p.slot_len {

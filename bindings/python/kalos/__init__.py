@@ -58,6 +58,7 @@ from .errors import ERRORS_BY_STATUS, ClosedError, InvalidArgumentError, KalosEr
 __all__ = [
     "__version__",
     "Kalos",
+    "Lag",
     "Records",
     "KalosError",
     "ERRORS_BY_STATUS",
@@ -243,6 +244,26 @@ class Records(NamedTuple):
     payloads: Optional[List[Optional[bytes]]]  #: bytes or None per id, or None if not requested
 
 
+class Lag(NamedTuple):
+    """How far behind its log the replica that answered a stale-read recall was (cluster mode;
+    see :attr:`Kalos.last_lag`). Both 0 outside cluster mode and for an up-to-date replica."""
+
+    entries: int  #: log entries known to be in the shard's stream and not applied
+    ms: int  #: milliseconds since the replica's host last heard from the log (0 while connected)
+
+
+def _token(min_seqs: ArrayLike) -> np.ndarray:
+    """A write token (per shard log sequences) as a uint64 array."""
+    if isinstance(min_seqs, (str, bytes, Mapping)):
+        raise TypeError(f"min_seqs must be a sequence of ints (a write token), got {type(min_seqs).__name__}")
+    try:
+        return _u64_1d(min_seqs)
+    except OverflowError:
+        raise OverflowError("min_seqs must be a write token: log sequences in 0..2**64-1") from None
+    except TypeError:
+        raise TypeError(f"min_seqs must be a write token: a sequence of ints, got {min_seqs!r:.80}") from None
+
+
 class _Scratch(threading.local):
     """Per-thread reusable payload buffer (grown on demand, never shared between threads)."""
 
@@ -323,7 +344,7 @@ class Kalos:
         self._closing = False
         self._close_lock = threading.Lock()
         self._scratch = _Scratch()
-        self._tls = threading.local()  # per-thread _Frame of the recall fast path
+        self._tls = threading.local()  # per thread: the recall fast path's _Frame, the last lag
         self._forked = False
         _LIVE.add(self)
         d = c_uint32(0)
@@ -436,9 +457,15 @@ class Kalos:
         half_life: Optional[float],
         timeout: Optional[float],
         filter: Any = None,  # noqa: A002 - the name LangChain and LlamaIndex users know
+        read_your_writes: bool = False,
+        allow_stale: bool = False,
+        min_seqs: Optional[ArrayLike] = None,
     ) -> Tuple[Optional[_ffi.kalos_recall_params], Any]:
         fb = _filter_bytes(filter)
-        if namespace is None and namespaces is None and not recency_weight and timeout is None and fb is None:
+        if (
+            namespace is None and namespaces is None and not recency_weight and timeout is None and fb is None
+            and not read_your_writes and not allow_stale and min_seqs is None
+        ):
             return None, None
         p = _ffi.kalos_recall_params()
         _lib.kalos_recall_params_init(byref(p), ctypes.sizeof(p))
@@ -447,6 +474,14 @@ class Kalos:
             p.recency_weight = recency_weight
             p.recency_half_life_ms = (half_life or 0.0) * 1000.0
         p.timeout_ms = _ms(timeout, "timeout")
+        p.consistency = (_ffi.KALOS_RECALL_READ_YOUR_WRITES if read_your_writes else 0) | (
+            _ffi.KALOS_RECALL_ALLOW_STALE if allow_stale else 0
+        )
+        if min_seqs is not None:
+            t = _token(min_seqs)
+            keep.append(t)
+            p.min_seqs = t.ctypes.data_as(ctypes.POINTER(c_uint64))
+            p.min_seqs_len = t.shape[0]
         return p, keep
 
     @overload
@@ -461,6 +496,9 @@ class Kalos:
         half_life: Optional[float] = ...,
         timeout: Optional[float] = ...,
         filter: Any = ...,
+        read_your_writes: bool = ...,
+        allow_stale: bool = ...,
+        min_seqs: Optional[ArrayLike] = ...,
         payloads: Literal[False] = ...,
     ) -> Tuple[np.ndarray, np.ndarray]: ...
 
@@ -476,6 +514,9 @@ class Kalos:
         half_life: Optional[float] = ...,
         timeout: Optional[float] = ...,
         filter: Any = ...,
+        read_your_writes: bool = ...,
+        allow_stale: bool = ...,
+        min_seqs: Optional[ArrayLike] = ...,
         payloads: Literal[True],
     ) -> Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]: ...
 
@@ -490,6 +531,9 @@ class Kalos:
         half_life: Optional[float] = None,
         timeout: Optional[float] = None,
         filter: Any = None,  # noqa: A002
+        read_your_writes: bool = False,
+        allow_stale: bool = False,
+        min_seqs: Optional[ArrayLike] = None,
         payloads: bool = False,
     ) -> Union[Tuple[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray, List[Optional[bytes]]]]:
         """Top-``k`` memories most similar to ``query``.
@@ -504,6 +548,15 @@ class Kalos:
             filter: a metadata filter: a :class:`kalos.filters.Expr`, a Mongo-style dict
                 (``{"user": "ann", "n": {"$gte": 3}}``, see :func:`kalos.filters.from_dict`) or
                 its binary form. Applied inside the scan: ``min(k, matching memories)`` hits.
+            read_your_writes: cluster mode: wait, up to the deadline, until the replica that
+                answers has applied this handle's acknowledged writes (:meth:`write_seqs`).
+                Satisfied at once on a single host.
+            allow_stale: cluster mode: a replica that may be behind its log may answer
+                (without it such a recall raises :class:`StaleError`); :attr:`last_lag` then
+                says how far behind it was.
+            min_seqs: cluster mode: a write token (:meth:`write_seqs` of any handle, in any
+                process or language: a list of ints) whose writes the replica that answers
+                must have applied first, waiting up to the deadline. Ignored on a single host.
             payloads: also return each hit's payload (bytes, or None).
 
         Returns:
@@ -512,7 +565,10 @@ class Kalos:
             ``payloads`` as a third item when asked for.
         """
         if payloads:
-            return self._recall_payloads(query, k, namespace, namespaces, recency_weight, half_life, timeout, filter)
+            return self._recall_payloads(
+                query, k, namespace, namespaces, recency_weight, half_life, timeout, filter,
+                read_your_writes, allow_stale, min_seqs,
+            )
         # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous float32
         # query, and a per-thread pre-built argument frame (see _Frame).
         if (
@@ -521,6 +577,9 @@ class Kalos:
             and filter is None
             and not recency_weight
             and timeout is None
+            and not read_your_writes
+            and not allow_stale
+            and min_seqs is None
             and type(query) is _NDARRAY
             and query.dtype is _F32
             and query.ndim == 1
@@ -556,22 +615,63 @@ class Kalos:
                     return f.ids_c.copy(), f.scores_c.copy()
                 finally:
                     f.busy = False
-        # General path: filters, recency, per-call timeout, any array-like query.
+        # General path: filters, recency, per-call timeout, cluster options, any array-like query.
         k = _index(k, "k")
         q = _f32_1d(query)
-        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout, filter)
+        params, keep = self._recall_params(
+            namespace, namespaces, recency_weight, half_life, timeout, filter, read_your_writes, allow_stale, min_seqs,
+        )
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
-        ids = np.empty(n + 1, _U64)  # the extra last element receives the hit count (size_t)
+        # The extra last elements receive the hit count (size_t) and, with allow_stale, the lag.
+        ids = np.empty(n + (3 if allow_stale else 1), _U64)
         scores = np.empty(n, _F32)
         ia = _addr(ids)
         h = self._enter()
         try:
-            rc = _recall(h, _addr(q), q.shape[0], k, params and addressof(params), ia, n, _addr(scores), n, ia + 8 * n)
+            if allow_stale:
+                rc = _lib.kalos_recall_lag(
+                    h, _addr(q), q.shape[0], k, addressof(params), ia, n, _addr(scores), n, ia + 8 * n,
+                    ia + 8 * (n + 1), ia + 8 * (n + 2),
+                )
+            else:
+                rc = _recall(h, _addr(q), q.shape[0], k, params and addressof(params), ia, n, _addr(scores), n, ia + 8 * n)
         finally:
             self._active.pop()
         _check(rc)
         c = int(ids[n])
+        if allow_stale:
+            self._tls.lag = Lag(int(ids[n + 1]), int(ids[n + 2]))
         return ids[:c], scores[:c]
+
+    @property
+    def last_lag(self) -> Optional[Lag]:
+        """The :class:`Lag` that the calling thread's last :meth:`recall` on this handle with
+        ``allow_stale=True`` reported: how far behind its log the replica that answered was
+        (cluster mode; ``Lag(0, 0)`` on a single host and for an up-to-date replica). None
+        before such a recall, and after one with ``payloads=True`` or a :meth:`recall_batch`
+        with ``allow_stale=True``: the library reports the lag of single-query recalls
+        without payloads only. Recalls without ``allow_stale`` leave it as it is."""
+        return getattr(self._tls, "lag", None)
+
+    def write_seqs(self) -> List[int]:
+        """This handle's write token (cluster mode): per shard (index = shard), the log
+        sequence of its last acknowledged write, 0 for none. Pass it as ``min_seqs`` to a
+        recall through any host, from any process or language, to read these writes. Empty
+        on a single host and before the first write."""
+        cnt = c_size_t(0)
+        buf = np.empty(64, _U64)
+        for _ in range(4):
+            h = self._enter()
+            try:
+                rc = _lib.kalos_last_write_seqs(h, _addr(buf), buf.shape[0], addressof(cnt))
+            finally:
+                self._active.pop()
+            if rc == STATUS_CODES["BUFFER_TOO_SMALL"] and cnt.value > buf.shape[0]:
+                buf = np.empty(cnt.value, _U64)
+                continue
+            _check(rc)
+            return [int(x) for x in buf[: cnt.value]]
+        raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: the write token kept growing")  # pragma: no cover
 
     @staticmethod
     def _bad_k(k: int) -> int:
@@ -582,10 +682,15 @@ class Kalos:
             raise KOutOfRangeError(f"K_OUT_OF_RANGE: k = {k}; k must be between 1 and {KALOS_MAX_K}", STATUS_CODES["K_OUT_OF_RANGE"])
         return 0
 
-    def _recall_payloads(self, query, k, namespace, namespaces, recency_weight, half_life, timeout, filter=None):  # noqa: A002
+    def _recall_payloads(
+        self, query, k, namespace, namespaces, recency_weight, half_life, timeout, filter=None,  # noqa: A002
+        read_your_writes=False, allow_stale=False, min_seqs=None,
+    ):
         k = _index(k, "k")
         q = _f32_1d(query)
-        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout, filter)
+        params, keep = self._recall_params(
+            namespace, namespaces, recency_weight, half_life, timeout, filter, read_your_writes, allow_stale, min_seqs,
+        )
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
         ids = np.empty(n, _U64)
         scores = np.empty(n, _F32)
@@ -607,6 +712,8 @@ class Kalos:
                 s.buf = np.empty(max(s.needed.value, 2 * s.buf.shape[0]), np.uint8)
                 continue  # the table changed between calls at worst: retry with a larger buffer
             _check(rc)
+            if allow_stale:
+                self._tls.lag = None
             c = count.value
             return ids[:c], scores[:c], _split_payloads(s.buf, lens[:c])
         raise error_for(STATUS_CODES["BUFFER_TOO_SMALL"], "BUFFER_TOO_SMALL: payloads kept growing")  # pragma: no cover
@@ -622,12 +729,16 @@ class Kalos:
         half_life: Optional[float] = None,
         timeout: Optional[float] = None,
         filter: Any = None,  # noqa: A002
+        read_your_writes: bool = False,
+        allow_stale: bool = False,
+        min_seqs: Optional[ArrayLike] = None,
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top-``k`` for each row of ``queries`` (shape ``(nq, dim)``), run as one batch.
 
         Returns ``(ids, scores, counts)``: ids uint64 ``(nq, k)``, scores float32 ``(nq, k)``,
         counts ``(nq,)`` hits per row. Row i's hits are ``ids[i, :counts[i]]``; the rest of a
-        row is padded with :data:`NO_ID` and NaN. Filters as in :meth:`recall`. A batch of
+        row is padded with :data:`NO_ID` and NaN. Filters and cluster options as in
+        :meth:`recall` (no lag is reported: :attr:`last_lag` becomes None). A batch of
         1 MiB or more of queries is checked and copied into the request slot by up to 8
         short-lived threads (``KALOS_COPY_THREADS=1``: this thread only).
         """
@@ -636,7 +747,9 @@ class Kalos:
         if q.ndim == 1:
             q = q.reshape(1, -1)
         nq = q.shape[0] if q.ndim >= 1 else 0
-        params, keep = self._recall_params(namespace, namespaces, recency_weight, half_life, timeout, filter)
+        params, keep = self._recall_params(
+            namespace, namespaces, recency_weight, half_life, timeout, filter, read_your_writes, allow_stale, min_seqs,
+        )
         n = k if 0 < k <= KALOS_MAX_K else self._bad_k(k)
         ids = np.full((nq, n), NO_ID, _U64)
         scores = np.full((nq, n), np.nan, _F32)
@@ -650,6 +763,8 @@ class Kalos:
         finally:
             self._active.pop()
         _check(rc)
+        if allow_stale:
+            self._tls.lag = None
         return ids, scores, counts.astype(np.int64)
 
     # -- writes ---------------------------------------------------------------------------------

@@ -117,6 +117,12 @@ TooLargeError: Type[KalosError] = globals()["TooLargeError"]
 ClosedError: Type[KalosError] = globals()["ClosedError"]
 PanicError: Type[KalosError] = globals()["PanicError"]
 InternalError: Type[KalosError] = globals()["InternalError"]
+#: Cluster mode: the replicated log cannot take a write (the host is cut off from NATS, or the
+#: log has no quorum), or no host of a shard answered a forwarded recall.
+UnavailableError: Type[KalosError] = globals()["UnavailableError"]
+#: Cluster mode: the replica may be behind its log and the recall did not pass
+#: ``allow_stale=True``.
+StaleError: Type[KalosError] = globals()["StaleError"]
 
 
 def error_for(status: int, message: str) -> KalosError:

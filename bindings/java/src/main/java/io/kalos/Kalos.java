@@ -74,6 +74,8 @@ public final class Kalos implements AutoCloseable {
     private final Lock writeLock;
     private final String name;
     private final int dim;
+    /** Per thread: the lag of its last stale-read recall on this handle ({@link #lastLag()}). */
+    private final ThreadLocal<Lag> lastLag = new ThreadLocal<>();
 
     private Kalos(String name, long handle) {
         this.name = name;
@@ -205,13 +207,17 @@ public final class Kalos implements AutoCloseable {
             throw KalosException.of(KalosException.Status.BUFFER_TOO_SMALL,
                     "ids/scores hold " + ids.length + "/" + scores.length + " entries; k = " + k);
         }
+        long[] lag = options.allowStale() ? new long[2] : null;
+        int n;
         long h = acquire();
         try {
-            return Native.recall(h, query, k, options.namespaces, options.filter, options.recencyWeight, options.recencyHalfLifeMs,
-                    options.timeoutMs, ids, scores);
+            n = Native.recall(h, query, k, options.namespaces, options.filter, options.recencyWeight, options.recencyHalfLifeMs,
+                    options.timeoutMs, options.consistency, options.minSeqs, ids, scores, lag);
         } finally {
             release();
         }
+        noteLag(lag);
+        return n;
     }
 
     /**
@@ -241,10 +247,50 @@ public final class Kalos implements AutoCloseable {
             throw KalosException.of(KalosException.Status.BUFFER_TOO_SMALL,
                     "ids/scores buffers have " + ids.remaining() + "/" + scores.remaining() + " remaining; k = " + k);
         }
+        long[] lag = options.allowStale() ? new long[2] : null;
+        int n;
         long h = acquire();
         try {
-            return Native.recallDirect(h, query, query.position(), k, options.namespaces, options.filter, options.recencyWeight,
-                    options.recencyHalfLifeMs, options.timeoutMs, ids, ids.position(), scores, scores.position());
+            n = Native.recallDirect(h, query, query.position(), k, options.namespaces, options.filter, options.recencyWeight,
+                    options.recencyHalfLifeMs, options.timeoutMs, options.consistency, options.minSeqs, ids, ids.position(),
+                    scores, scores.position(), lag);
+        } finally {
+            release();
+        }
+        noteLag(lag);
+        return n;
+    }
+
+    /** After a successful recall: the lag it reported ({@code lag} null: it did not allow stale reads). */
+    private void noteLag(long[] lag) {
+        if (lag != null) {
+            lastLag.set(new Lag(lag[0], lag[1]));
+        }
+    }
+
+    /**
+     * The {@link Lag} that the calling thread's last recall on this handle with
+     * {@link RecallOptions#withAllowStale()} reported: how far behind its log the replica that
+     * answered was (cluster mode; {@code Lag(0, 0)} on a single host and for an up-to-date
+     * replica). Null before such a recall, and after a {@link #recallWithPayloads} or
+     * {@link #recallBatch} that allowed stale reads: the library reports the lag of single-query
+     * recalls without payloads ({@code recall}, {@code recallInto}) only. Recalls that do not
+     * allow stale reads leave it as it is.
+     */
+    public Lag lastLag() {
+        return lastLag.get();
+    }
+
+    /**
+     * This handle's write token (cluster mode): per shard (index = shard), the log sequence of
+     * its last acknowledged write (unsigned), 0 for none. Pass it to
+     * {@link RecallOptions#withMinSeqs(long...)} on a recall through any host, from any process
+     * or language, to read these writes. Empty on a single host and before the first write.
+     */
+    public long[] writeSeqs() {
+        long h = acquire();
+        try {
+            return Native.writeSeqs(h);
         } finally {
             release();
         }
@@ -271,9 +317,12 @@ public final class Kalos implements AutoCloseable {
         long h = acquire();
         try {
             packed = Native.recallPayloads(h, query, k, options.namespaces, options.filter, options.recencyWeight,
-                    options.recencyHalfLifeMs, options.timeoutMs, ids, scores, lens);
+                    options.recencyHalfLifeMs, options.timeoutMs, options.consistency, options.minSeqs, ids, scores, lens);
         } finally {
             release();
+        }
+        if (options.allowStale()) {
+            lastLag.remove();
         }
         int n = lens[0];
         byte[][] payloads = new byte[n][];
@@ -318,9 +367,12 @@ public final class Kalos implements AutoCloseable {
         long h = acquire();
         try {
             Native.recallBatch(h, queries, nq, k, options.namespaces, options.filter, options.recencyWeight, options.recencyHalfLifeMs,
-                    options.timeoutMs, ids, scores, counts);
+                    options.timeoutMs, options.consistency, options.minSeqs, ids, scores, counts);
         } finally {
             release();
+        }
+        if (options.allowStale()) {
+            lastLag.remove();
         }
         RecallResult[] out = new RecallResult[nn];
         for (int i = 0; i < nn; i++) {

@@ -9,8 +9,9 @@ package io.kalos;
  * {@link InvalidArgumentException} (the request is wrong: INVALID_ARGUMENT, NULL_POINTER,
  * DIMENSION_MISMATCH, K_OUT_OF_RANGE, NON_FINITE, INVALID_NAME, BUFFER_TOO_SMALL,
  * PAYLOAD_TOO_LARGE, TOO_LARGE), {@link NotFoundException}, {@link StoreFullException},
- * {@link KalosTimeoutException}, {@link ServerGoneException} (reopen the store) and
- * {@link KalosIOException} (IO, CORRUPT, PERMISSION_DENIED). Every other status is a plain
+ * {@link KalosTimeoutException}, {@link ServerGoneException} (reopen the store),
+ * {@link KalosIOException} (IO, CORRUPT, PERMISSION_DENIED) and, in cluster mode,
+ * {@link UnavailableException} and {@link StaleException}. Every other status is a plain
  * {@code KalosException}.
  *
  * <p>Programming errors on the Java side are reported with the usual JDK exceptions instead:
@@ -80,7 +81,8 @@ public class KalosException extends RuntimeException {
     /**
      * The exception for a status: the subclass of its family ({@link InvalidArgumentException},
      * {@link NotFoundException}, {@link StoreFullException}, {@link KalosTimeoutException},
-     * {@link ServerGoneException}, {@link KalosIOException}), else a plain {@code KalosException}.
+     * {@link ServerGoneException}, {@link KalosIOException}, {@link UnavailableException},
+     * {@link StaleException}), else a plain {@code KalosException}.
      * Native code ({@code src/ffi/jni.rs}) creates every exception it throws through this method.
      */
     public static KalosException of(int code, String message) {
@@ -107,6 +109,10 @@ public class KalosException extends RuntimeException {
             case CORRUPT:
             case PERMISSION_DENIED:
                 return new KalosIOException(code, message);
+            case UNAVAILABLE:
+                return new UnavailableException(code, message);
+            case STALE:
+                return new StaleException(code, message);
             default:
                 return new KalosException(code, message);
         }

@@ -29,17 +29,23 @@ final class Native {
 
     static native boolean isServer(long h);
 
+    // The recall options travel as (ns, filter, w, halfLife, timeoutMs, consistency, minSeqs);
+    // lag, when not null, receives {entries, ms}.
     static native int recall(long h, float[] query, int k, long[] ns, byte[] filter, float w, double halfLife, long timeoutMs,
-                             long[] ids, float[] scores);
+                             int consistency, long[] minSeqs, long[] ids, float[] scores, long[] lag);
 
     static native int recallDirect(long h, Buffer query, int qPos, int k, long[] ns, byte[] filter, float w, double halfLife,
-                                   long timeoutMs, Buffer ids, int idsPos, Buffer scores, int scoresPos);
+                                   long timeoutMs, int consistency, long[] minSeqs, Buffer ids, int idsPos, Buffer scores,
+                                   int scoresPos, long[] lag);
 
     static native byte[] recallPayloads(long h, float[] query, int k, long[] ns, byte[] filter, float w, double halfLife,
-                                        long timeoutMs, long[] ids, float[] scores, int[] countAndLens);
+                                        long timeoutMs, int consistency, long[] minSeqs, long[] ids, float[] scores,
+                                        int[] countAndLens);
 
     static native void recallBatch(long h, float[] queries, int nq, int k, long[] ns, byte[] filter, float w, double halfLife,
-                                   long timeoutMs, long[] ids, float[] scores, int[] counts);
+                                   long timeoutMs, int consistency, long[] minSeqs, long[] ids, float[] scores, int[] counts);
+
+    static native long[] writeSeqs(long h);
 
     static native void upsert(long h, long[] ids, float[] vectors, long namespace, long[] namespaces, byte[] payloads,
                               int[] payloadLens, long ttlMs, long expiresAtMs, long timeoutMs, byte[] fields);

@@ -54,6 +54,10 @@ class ErrorsTest {
                 return ServerGoneException.class;
             case IO: case CORRUPT: case PERMISSION_DENIED:
                 return KalosIOException.class;
+            case UNAVAILABLE:
+                return UnavailableException.class;
+            case STALE:
+                return StaleException.class;
             default:
                 return KalosException.class;
         }
