@@ -47,6 +47,18 @@ class KalosOptions(ctypes.Structure):
     ]
 
 
+def upsert_all(lib, h, x):
+    """Upserts the rows of `x` with ids 0.. in chunks; returns the first failing status or 0."""
+    n = x.shape[0]
+    for i in range(0, n, 4096):
+        ids = np.arange(i, min(n, i + 4096), dtype=np.uint64)
+        v = np.ascontiguousarray(x[i:i + len(ids)])
+        st = lib.kalos_upsert(h, ids.ctypes.data, len(ids), v.ctypes.data, v.size, None)
+        if st != 0:
+            return st
+    return 0
+
+
 def head_to_head(lib, faiss, tag, x, qs, iters, threads):
     """Alternates kalos_recall (server with `threads` engine threads) and faiss with `threads`."""
     o = KalosOptions()
@@ -61,12 +73,9 @@ def head_to_head(lib, faiss, tag, x, qs, iters, threads):
         return f"kalos_open failed: {st}"
     try:
         n, d = x.shape
-        for i in range(0, n, 4096):
-            ids = np.arange(i, min(n, i + 4096), dtype=np.uint64)
-            v = np.ascontiguousarray(x[i:i + len(ids)])
-            st = lib.kalos_upsert(h, ids.ctypes.data, len(ids), v.ctypes.data, v.size, None)
-            if st != 0:
-                return f"kalos_upsert failed: {st}"
+        st = upsert_all(lib, h, x)
+        if st != 0:
+            return f"kalos_upsert failed: {st}"
         out_ids = np.zeros(K, dtype=np.uint64)
         out_sc = np.zeros(K, dtype=np.float32)
         cnt = ctypes.c_size_t()
@@ -97,10 +106,124 @@ def head_to_head(lib, faiss, tag, x, qs, iters, threads):
         same = np.array_equal(out_ids.astype(np.int64), fids)
         lk.sort(); lf.sort()
         p = lambda l, f: l[min(len(l) - 1, int(round((len(l) - 1) * f)))] / 1e3
-        return (f"| {tag} | x{threads} | {p(lk, .5):.1f} | {p(lk, .99):.1f} | {lk[0]/1e3:.1f} | "
-                f"{p(lf, .5):.1f} | {p(lf, .99):.1f} | {lf[0]/1e3:.1f} | {p(lk, .5) / p(lf, .5):.2f} | {same} |")
+        single = (f"| {tag} | x{threads} | {p(lk, .5):.1f} | {p(lk, .99):.1f} | {lk[0]/1e3:.1f} | "
+                  f"{p(lf, .5):.1f} | {p(lf, .99):.1f} | {lf[0]/1e3:.1f} | {p(lk, .5) / p(lf, .5):.2f} | {same} |")
+
+        # Batches of B queries, the three alternating call by call: queries per second from the
+        # median call time.
+        B = len(qs)
+        bids = np.zeros(B * K, dtype=np.uint64)
+        bsc = np.zeros(B * K, dtype=np.float32)
+        bcnt = np.zeros(B, dtype=np.uintp)
+
+        def kal_batch():
+            st = lib.kalos_recall_batch(h, qs.ctypes.data, qs.size, B, K, None, bids.ctypes.data, B * K,
+                                        bsc.ctypes.data, B * K, bcnt.ctypes.data, B)
+            assert st == 0, st
+
+        def fai_batch():
+            return index.search(qs, K)[1]
+
+        def np_batch():
+            s = qs @ x.T
+            return np.argpartition(-s, K, axis=1)[:, :K]
+
+        for fn in (kal_batch, fai_batch, np_batch):
+            fn()
+        lat = {kal_batch: [], fai_batch: [], np_batch: []}
+        order = [kal_batch, fai_batch, np_batch]
+        for i in range(max(5, iters // 8)):
+            for fn in order[i % 3:] + order[:i % 3]:
+                t0 = time.perf_counter_ns()
+                fn()
+                lat[fn].append(time.perf_counter_ns() - t0)
+        qps = {fn: B / (sorted(v)[len(v) // 2] / 1e9) for fn, v in lat.items()}
+        bsame = np.array_equal(bids.reshape(B, K).astype(np.int64), fai_batch())
+        batch = (f"| {tag} | x{threads} | {B} | {qps[kal_batch]:,.0f} | {qps[fai_batch]:,.0f} | {qps[np_batch]:,.0f} | "
+                 f"{qps[kal_batch] / qps[fai_batch]:.2f} | {bsame} |")
+        return single, batch
     finally:
         lib.kalos_close(h)
+
+
+def cross_process(lib, faiss, kalosd, tag, x, qs, iters):
+    """Kalos recalls from this process to a kalosd in another (default options, CPU engine),
+    alternating call by call with numpy and faiss in this process (1 thread and every core):
+    the comparison a service sees. Returns a markdown row of p50s (µs)."""
+    import subprocess
+    n, d = x.shape
+    name = f"peers-xp-{os.getpid()}-{tag}"
+    srv = subprocess.Popen([kalosd, "serve", "--name", name, "--dim", str(d), "--metric", "ip", "--backend", "cpu",
+                            "--capacity", str(n)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    o = KalosOptions()
+    lib.kalos_options_init(ctypes.byref(o), ctypes.sizeof(o))
+    o.role, o.dim, o.metric, o.timeout_ms = 2, d, 0, 120000  # client, ip
+    h = ctypes.c_void_p()
+    try:
+        st = -1
+        for _ in range(200):
+            st = lib.kalos_open(name.encode(), ctypes.byref(o), ctypes.byref(h))
+            if st == 0:
+                break
+            time.sleep(0.05)
+        if st != 0:
+            return f"| {tag} | kalos_open (client of kalosd) failed: {st} |"
+        st = upsert_all(lib, h, x)
+        if st != 0:
+            return f"| {tag} | kalos_upsert failed: {st} |"
+        time.sleep(0.6)  # a housekeeping tick: the server's advice to clients follows the table
+        out_ids = np.zeros(K, dtype=np.uint64)
+        out_sc = np.zeros(K, dtype=np.float32)
+        cnt = ctypes.c_size_t()
+        qs = np.ascontiguousarray(qs, dtype=np.float32)
+        index = faiss.IndexFlatIP(d)
+        index.add(x)
+
+        def kal(q):
+            st = lib.kalos_recall(h, q.ctypes.data, d, K, None, out_ids.ctypes.data, K, out_sc.ctypes.data, K, ctypes.byref(cnt))
+            assert st == 0, st
+
+        def nump(q):
+            s = x @ q
+            return np.argpartition(-s, K)[:K]
+
+        def fai(nt):
+            def f(q):
+                faiss.omp_set_num_threads(nt)
+                index.search(q[None, :], K)
+            return f
+
+        fns = [kal, nump, fai(1), fai(os.cpu_count())]
+        lat = [[] for _ in fns]
+        for i in range(3):
+            for f in fns:
+                f(qs[i])
+        # Blocks of calls in rotation, not single calls, with a pause between blocks: numpy's
+        # BLAS and faiss' OpenMP threads keep spinning for up to ~0.1 s after a call and would
+        # take the cores from whatever ran next. The first calls of each block are not counted.
+        block = max(8, iters // 8)
+        for b in range(8 * len(fns)):
+            j = b % len(fns)
+            time.sleep(0.25)
+            for i in range(block + 2):
+                q = qs[(b * block + i) % len(qs)]
+                t0 = time.perf_counter_ns()
+                fns[j](q)
+                if i >= 2:
+                    lat[j].append(time.perf_counter_ns() - t0)
+        p50 = [sorted(v)[len(v) // 2] / 1e3 for v in lat]
+        p99 = sorted(lat[0])[min(len(lat[0]) - 1, int(round((len(lat[0]) - 1) * 0.99)))] / 1e3
+        best = min(p50[1:])
+        return (f"| {tag} | {p50[0]:.1f} | {p99:.1f} | {p50[1]:.1f} | {p50[2]:.1f} | {p50[3]:.1f} | "
+                f"{p50[0] / best:.2f} |")
+    finally:
+        if h:
+            lib.kalos_close(h)
+        srv.terminate()
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
 
 
 def main():
@@ -148,19 +271,52 @@ def main():
     lib.kalos_upsert.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     lib.kalos_recall.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
                                  ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.kalos_recall_batch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_void_p, ctypes.c_size_t]
     print()
     print("Head-to-head, same process, alternating queries (µs): Kalos recall through its server thread vs faiss IndexFlatIP")
     print()
     print("| table | threads | kalos p50 | kalos p99 | kalos min | faiss p50 | faiss p99 | faiss min | kalos/faiss p50 | same top-10 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    kalosd = os.path.join(os.path.dirname(lib_path), "kalosd")
+    if os.path.exists(kalosd):
+        print()
+        print("Cross-process: a client in this process recalls from kalosd (CPU engine, default options) in "
+              "another, in rotating blocks of calls with the in-process peers (p50 µs)")
+        print()
+        print(f"| table | kalos p50 | kalos p99 | numpy | faiss 1 thread | faiss {os.cpu_count()} threads | kalos / best peer |")
+        print("|---|---|---|---|---|---|---|")
+        for arg in sys.argv[2:]:
+            tag, iters = arg.split(":")
+            x = np.load(os.path.join(d, f"{tag}_x.npy"))
+            qs = np.load(os.path.join(d, f"{tag}_q.npy"))
+            print(cross_process(lib, faiss, kalosd, tag, x, qs, int(iters)))
+            sys.stdout.flush()
+            del x
+    batches = []
     for arg in sys.argv[2:]:
         tag, iters = arg.split(":")
         x = np.load(os.path.join(d, f"{tag}_x.npy"))
         qs = np.load(os.path.join(d, f"{tag}_q.npy"))
         for nt in sorted({1, ncpu}):
-            print(head_to_head(lib, faiss, tag, x, qs, int(iters), nt))
+            r = head_to_head(lib, faiss, tag, x, qs, int(iters), nt)
+            if isinstance(r, str):
+                print(r)
+                continue
+            print(r[0])
+            batches.append(r[1])
             sys.stdout.flush()
         del x
+    print()
+    print("Batches, same process, the three alternating call by call (queries/s from the median call): Kalos "
+          "kalos_recall_batch through its server thread, faiss IndexFlatIP.search, numpy argpartition(Q@M.T) "
+          "(numpy's BLAS uses every core whatever the row's thread count)")
+    print()
+    print("| table | threads | batch | kalos q/s | faiss q/s | numpy q/s | kalos/faiss | same top-10 as faiss |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b in batches:
+        print(b)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,7 @@
 //! When the handle's recent answers took longer than `client_spin_ns` (a GPU search of a large
 //! table), the spin window stretches to twice the recent answer time, at most
 //! [`ADAPTIVE_SPIN_CAP`]: a futex wake-up costs ~10 µs, which a 60 µs request should not pay.
-//! `client_spin_ns = 0` still means "sleep at once". The server may cap every spin through the
-//! segment header (`client_spin_cap_ns`) when its scans of the table use every core.
+//! `client_spin_ns = 0` still means "sleep at once".
 //!
 //! - this file: [`Kalos`] (open, attach, roles, close) and the per-call option types.
 //! - `slot`: one request/response round trip: claiming a slot, waiting, deadlines, abandoning.

@@ -229,11 +229,7 @@ impl Kalos {
         let done = shm::with_state(submitted, shm::SLOT_DONE);
         let t0 = Instant::now();
         // The spin is part of the wait: it never outlasts the deadline.
-        let cap = match self.seg.header().client_spin_cap_ns.load(Ordering::Relaxed) {
-            0 => Duration::MAX,
-            ns => Duration::from_nanos(ns),
-        };
-        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed)).min(cap).min(deadline.saturating_duration_since(t0));
+        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed)).min(deadline.saturating_duration_since(t0));
         // Smoothed answer time (1/4 of the new sample): only completed waits update it.
         let note = |t0: Instant| {
             let e = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;

@@ -71,13 +71,6 @@ pub trait Engine: Send {
     fn takes_slot_queries(&self) -> bool {
         false
     }
-    /// The longest a client should busy-wait for this engine's answers on `store`, in ns
-    /// (0: no advice), published in the segment header ([`crate::shm::Header::client_spin_cap_ns`]).
-    /// An engine whose scans of this table occupy every core advises a short spin: a client
-    /// spinning through the scan would hold a core the scan needs.
-    fn client_spin_cap_ns(&self, _store: &Store) -> u64 {
-        0
-    }
     /// Queries answered by the int8 scan (`scan = "int8"`) since the engine started, and those
     /// of them whose answer was uncertain (a true neighbour may have been missed:
     /// [`quant::rerank`]). Engines that scan exactly report (0, 0).

@@ -316,9 +316,7 @@ impl Server {
     fn initial_sync(&mut self) -> Result<()> {
         let dirty: Vec<u32> = (0..self.store.len() as u32).collect();
         self.store.take_dirty();
-        self.engine.sync(&self.store, &dirty)?;
-        self.seg.header().client_spin_cap_ns.store(self.engine.client_spin_cap_ns(&self.store), Ordering::Relaxed);
-        Ok(())
+        self.engine.sync(&self.store, &dirty)
     }
 
     /// The engine failed: the router replaces a GPU engine with the CPU engine.

@@ -218,7 +218,6 @@ impl Server {
     fn housekeeping(&mut self) {
         let seg = self.seg.clone();
         seg.header().heartbeat_ms.store(shm::monotonic_ms(), Ordering::Relaxed);
-        seg.header().client_spin_cap_ns.store(self.engine.client_spin_cap_ns(&self.store), Ordering::Relaxed);
         // Reclaim slots of dead clients.
         for i in 0..seg.slot_count() {
             let slot = seg.slot(i);

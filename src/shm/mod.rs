@@ -98,12 +98,7 @@ pub struct Header {
     pub epoch: AtomicU64,
     /// CLOCK_MONOTONIC milliseconds of the server's last loop iteration or housekeeping tick.
     pub heartbeat_ms: AtomicU64,
-    /// The server's advice to clients: busy-wait at most this many ns for an answer before
-    /// sleeping (0: no advice). Set when the engine's scans of the table use every core, where a
-    /// spinning client would take a core from the scan ([`crate::engine::Engine::client_spin_cap_ns`]).
-    /// Only ever shortens a client's spin; a client ignores values above its own window.
-    pub client_spin_cap_ns: AtomicU64,
-    pub _pad1: [u64; 3],
+    pub _pad1: [u64; 4],
     // --- own cache line: the doorbell
     pub doorbell: AtomicU32,
     pub server_parked: AtomicU32,

@@ -54,9 +54,9 @@
 //!   (`calibrated_min_bytes`, bounded to 256 KiB..64 MiB; 8 MiB when the workers cannot be
 //!   timed). Where a wake costs ~45 µs (a Zen 4 VM) that is several MiB; where it costs ~4 µs
 //!   (a Xeon VM) ~300 KiB, and a 10k×128 table scans in ~95 µs on two threads against ~180 on
-//!   one. A split scan there uses every core, so the server asks clients to stop spinning
-//!   after 5 µs (`Engine::client_spin_cap_ns`, the segment header's `client_spin_cap_ns`):
-//!   a client spinning through the scan would hold the core its second half needs.
+//!   one. A client waiting for a split scan on such a host spins yielding its core (see
+//!   `client::slot`), so the worker runs there; a client that slept instead would pay the
+//!   wake-up of an idle vCPU (~100 µs on the Xeon VM) on top of the scan.
 //!
 //! `KALOS_CPU_PARALLEL_MIN_BYTES` and `KALOS_CPU_SPIN_NS` override both choices (`crate::config`).
 //!
@@ -112,10 +112,6 @@ const DEFAULT_PARALLEL_MIN_BYTES: usize = 8 << 20;
 /// The same when the workers stay awake for the server's spin window (hosts of at least
 /// [`SPIN_MIN_CORES`] cores).
 const SPIN_PARALLEL_MIN_BYTES: usize = 256 << 10;
-/// A client's busy-wait advice when single-query scans of the table use every core: enough for
-/// answers that need no scan (the slot round trip takes about a microsecond), far below a
-/// split scan, which is at least three futex wakes long.
-const SPLIT_CLIENT_SPIN_NS: u64 = 5_000;
 /// Bounds of the split threshold calibrated on hosts whose workers sleep between jobs.
 const CALIBRATED_MIN_BYTES: (usize, usize) = (256 << 10, 64 << 20);
 /// Least bytes of vectors per participant of a split scan.
@@ -834,16 +830,6 @@ impl Engine for CpuEngine {
         }
         Ok(())
     }
-    fn client_spin_cap_ns(&self, store: &Store) -> u64 {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let row_bytes = if self.scan == Scan::Int8 { store.dim().div_ceil(4) } else { store.dim() };
-        let splits = self.plan_threads(store.len(), row_bytes, 1, BLOCK_ROWS_SINGLE) > 1;
-        if splits && self.threads >= cores {
-            SPLIT_CLIENT_SPIN_NS
-        } else {
-            0
-        }
-    }
     fn rerank_counts(&self) -> (u64, u64) {
         (self.reranked, self.uncertain)
     }
@@ -935,30 +921,6 @@ mod tests {
             .collect();
         st.apply_upsert(&items);
         st
-    }
-
-    fn table(rows: usize, dim: usize) -> Store {
-        let vecs: Vec<f32> = (0..rows * dim).map(|i| (i % 13) as f32 - 6.0).collect();
-        table_of(&vecs, dim, |_| 0)
-    }
-
-    #[test]
-    fn clients_are_asked_to_stop_spinning_only_when_a_scan_takes_every_core() {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let (small, large) = (table(100, 16), table(5000, 64));
-        let mut all = CpuEngine::new(cores);
-        all.set_parallel_min_bytes(1 << 20);
-        assert_eq!(all.client_spin_cap_ns(&small), 0, "a table scanned by the server thread alone");
-        let want = if cores > 1 { SPLIT_CLIENT_SPIN_NS } else { 0 };
-        assert_eq!(all.client_spin_cap_ns(&large), want, "a 1.3 MB table split over every core");
-        if cores > 2 {
-            let mut some = CpuEngine::new(cores - 1);
-            some.set_parallel_min_bytes(1 << 20);
-            assert_eq!(some.client_spin_cap_ns(&large), 0, "a core is left for the client");
-        }
-        let mut one = CpuEngine::new(1);
-        one.set_parallel_min_bytes(0);
-        assert_eq!(one.client_spin_cap_ns(&large), 0);
     }
 
     #[test]
