@@ -128,15 +128,18 @@ def head_to_head(lib, faiss, tag, x, qs, iters, threads):
             s = qs @ x.T
             return np.argpartition(-s, K, axis=1)[:, :K]
 
-        for fn in (kal_batch, fai_batch, np_batch):
-            fn()
+        faiss.omp_set_num_threads(threads)
         lat = {kal_batch: [], fai_batch: [], np_batch: []}
-        order = [kal_batch, fai_batch, np_batch]
-        for i in range(max(5, iters // 8)):
-            for fn in order[i % 3:] + order[:i % 3]:
-                t0 = time.perf_counter_ns()
-                fn()
-                lat[fn].append(time.perf_counter_ns() - t0)
+        # Rotating blocks with pauses, as in cross_process (the peers' thread pools keep spinning
+        # after a call); the first call of each block is not counted.
+        for r in range(3):
+            for fn in (kal_batch, fai_batch, np_batch):
+                time.sleep(0.25)
+                for i in range(max(3, iters // 16) + 1):
+                    t0 = time.perf_counter_ns()
+                    fn()
+                    if i:
+                        lat[fn].append(time.perf_counter_ns() - t0)
         qps = {fn: B / (sorted(v)[len(v) // 2] / 1e9) for fn, v in lat.items()}
         bsame = np.array_equal(bids.reshape(B, K).astype(np.int64), fai_batch())
         batch = (f"| {tag} | x{threads} | {B} | {qps[kal_batch]:,.0f} | {qps[fai_batch]:,.0f} | {qps[np_batch]:,.0f} | "
@@ -279,21 +282,6 @@ def main():
     print()
     print("| table | threads | kalos p50 | kalos p99 | kalos min | faiss p50 | faiss p99 | faiss min | kalos/faiss p50 | same top-10 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    kalosd = os.path.join(os.path.dirname(lib_path), "kalosd")
-    if os.path.exists(kalosd):
-        print()
-        print("Cross-process: a client in this process recalls from kalosd (CPU engine, default options) in "
-              "another, in rotating blocks of calls with the in-process peers (p50 µs)")
-        print()
-        print(f"| table | kalos p50 | kalos p99 | numpy | faiss 1 thread | faiss {os.cpu_count()} threads | kalos / best peer |")
-        print("|---|---|---|---|---|---|---|")
-        for arg in sys.argv[2:]:
-            tag, iters = arg.split(":")
-            x = np.load(os.path.join(d, f"{tag}_x.npy"))
-            qs = np.load(os.path.join(d, f"{tag}_q.npy"))
-            print(cross_process(lib, faiss, kalosd, tag, x, qs, int(iters)))
-            sys.stdout.flush()
-            del x
     batches = []
     for arg in sys.argv[2:]:
         tag, iters = arg.split(":")
@@ -309,14 +297,29 @@ def main():
             sys.stdout.flush()
         del x
     print()
-    print("Batches, same process, the three alternating call by call (queries/s from the median call): Kalos "
+    print("Batches, same process, in rotating blocks of calls (queries/s from the median call): Kalos "
           "kalos_recall_batch through its server thread, faiss IndexFlatIP.search, numpy argpartition(Q@M.T) "
-          "(numpy's BLAS uses every core whatever the row's thread count)")
+          "(faiss with the row's thread count; numpy's BLAS uses every core whatever the row's)")
     print()
     print("| table | threads | batch | kalos q/s | faiss q/s | numpy q/s | kalos/faiss | same top-10 as faiss |")
     print("|---|---|---|---|---|---|---|---|")
     for b in batches:
         print(b)
+    kalosd = os.path.join(os.path.dirname(lib_path), "kalosd")
+    if os.path.exists(kalosd):
+        print()
+        print("Cross-process: a client in this process recalls from kalosd (CPU engine, default options) in "
+              "another, in rotating blocks of calls with the in-process peers (p50 µs)")
+        print()
+        print(f"| table | kalos p50 | kalos p99 | numpy | faiss 1 thread | faiss {os.cpu_count()} threads | kalos / best peer |")
+        print("|---|---|---|---|---|---|---|")
+        for arg in sys.argv[2:]:
+            tag, iters = arg.split(":")
+            x = np.load(os.path.join(d, f"{tag}_x.npy"))
+            qs = np.load(os.path.join(d, f"{tag}_q.npy"))
+            print(cross_process(lib, faiss, kalosd, tag, x, qs, int(iters)))
+            sys.stdout.flush()
+            del x
 
 
 if __name__ == "__main__":
