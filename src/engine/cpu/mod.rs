@@ -305,11 +305,12 @@ impl CpuEngine {
             }
         }
         if spin_ns == 0 && e.threads > 1 && tune.cpu_parallel_min_bytes.is_none() {
+            // The calibration's pool is dropped: a server whose table never needs a split never
+            // keeps a sleeping worker (the pool starts with the first split scan).
             let mut pool = Pool::new(e.threads - 1, std::time::Duration::ZERO);
             if let Some(b) = calibrated_min_bytes(&mut pool, e.scan_isa) {
                 e.par_min_bytes = b;
             }
-            e.pool = Some(pool);
         }
         if spin_ns > 0 {
             if threads == 0 && env_threads.is_none() {
