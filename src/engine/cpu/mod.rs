@@ -305,10 +305,7 @@ impl CpuEngine {
             }
         }
         if spin_ns == 0 && e.threads > 1 && tune.cpu_parallel_min_bytes.is_none() {
-            // The calibration's pool is dropped: a server whose table never needs a split never
-            // keeps a sleeping worker (the pool starts with the first split scan).
-            let mut pool = Pool::new(e.threads - 1, std::time::Duration::ZERO);
-            if let Some(b) = calibrated_min_bytes(&mut pool, e.scan_isa) {
+            if let Some(b) = calibrated_split(e.threads, e.scan_isa) {
                 e.par_min_bytes = b;
             }
         }
@@ -650,6 +647,25 @@ impl CpuEngine {
     }
 }
 
+/// Split thresholds calibrated in this process, by (threads, scan kernel): the wake-up and the
+/// kernel's speed belong to the machine, so a later server engine (another store, the CPU engine
+/// that takes over from a failed GPU one) reuses them instead of timing them again.
+static CALIBRATED: std::sync::Mutex<Vec<((usize, Isa), usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// [`calibrated_min_bytes`] for `threads` participants, measured once per process (a failed
+/// measurement is not kept: the next engine tries again). The calibration's pool is dropped: a
+/// server whose table never needs a split never keeps a sleeping worker (the pool starts with
+/// the first split scan).
+fn calibrated_split(threads: usize, isa: Isa) -> Option<usize> {
+    let mut done = CALIBRATED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, b)) = done.iter().find(|(key, _)| *key == (threads, isa)) {
+        return Some(b);
+    }
+    let b = calibrated_min_bytes(&mut Pool::new(threads - 1, std::time::Duration::ZERO), isa)?;
+    done.push(((threads, isa), b));
+    Some(b)
+}
+
 /// The split threshold of a pool whose workers sleep between jobs, from this machine's own
 /// costs: a split scan pays a fan-out (a futex wake, `Pool::wake_latency`) to halve the work,
 /// so it is chosen for scans that take one thread at least three fan-outs at the single-query
@@ -925,11 +941,14 @@ mod tests {
     }
 
     #[test]
-    fn the_calibrated_split_threshold_is_within_its_bounds() {
+    fn the_calibrated_split_threshold_is_within_its_bounds_and_measured_once() {
         let mut pool = Pool::new(1, std::time::Duration::ZERO);
         // None only when the worker could not be timed (a machine too loaded to wake it).
         if let Some(b) = calibrated_min_bytes(&mut pool, Isa::detect()) {
             assert!((CALIBRATED_MIN_BYTES.0..=CALIBRATED_MIN_BYTES.1).contains(&b), "{b}");
+        }
+        if let Some(b) = calibrated_split(2, Isa::Scalar) {
+            assert_eq!(calibrated_split(2, Isa::Scalar), Some(b), "a second engine reuses the first one's threshold");
         }
     }
 
