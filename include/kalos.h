@@ -100,6 +100,15 @@
 // Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly.
 #define KALOS_SCAN_INT8 1
 
+// Shard placement: by a hash of the id (shards stay balanced; every recall scans every shard).
+#define KALOS_PLACEMENT_ID 0
+
+// Shard placement: by a hash of the namespace (a namespace-scoped recall scans only its shards).
+#define KALOS_PLACEMENT_NAMESPACE 1
+
+// Largest `kalos_options::device_shards`.
+#define KALOS_MAX_DEVICE_SHARDS 64
+
 // Largest `kalos_options::rerank`.
 #define KALOS_MAX_RERANK 65536
 
@@ -310,6 +319,20 @@ typedef struct kalos_options {
   // Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
   // max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
   uint32_t rerank;
+  // Shards the table is split into (default 0 = one table; at most `KALOS_MAX_DEVICE_SHARDS`).
+  // Each shard holds its part of the table with its own engine on its own server-side
+  // thread; a recall scans the shards in parallel and merges their top-k into the exact
+  // global top-k, and a write goes to the shard that owns the memory. With the CPU backend
+  // the shards share the host's cores (each engine gets `threads / shards` threads): a way to
+  // run the sharded path anywhere, not a speed-up. The sharded host table keeps a second copy
+  // of the vectors (one per shard, besides the server's). Sharded stores run on the CPU
+  // engine: `KALOS_BACKEND_CUDA` with more than one shard is refused with
+  // `KALOS_INVALID_ARGUMENT`, and `KALOS_BACKEND_AUTO` serves them on the CPU. A caller whose
+  // `struct_size` ends before this field gets 0.
+  uint32_t device_shards;
+  // `KALOS_PLACEMENT_*` (default ID): how memories are assigned to shards. A caller whose
+  // `struct_size` ends before this field gets ID.
+  uint32_t placement;
 } kalos_options;
 
 // Per-call recall parameters; pass NULL for the defaults. Initialise with

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result, Status};
-use crate::types::{Backend, Dtype, Metric, Role, Scan, SyncPolicy};
+use crate::types::{Backend, Dtype, Metric, Placement, Role, Scan, SyncPolicy};
 
 /// Client busy-wait cap: see [`Options::client_spin_ns`].
 pub const ADAPTIVE_SPIN_CAP: std::time::Duration = std::time::Duration::from_micros(500);
@@ -61,7 +61,16 @@ pub struct Options {
     /// Candidates re-ranked per query by the int8 scan (0 = adapt to k:
     /// [`crate::engine::quant::rerank_count`]); at most [`MAX_RERANK`].
     pub rerank: u32,
+    /// Shards the table is split into (0 or 1 = one table). Each shard is a table of its own with
+    /// its own engine on its own thread; a recall scans the shards in parallel and merges their
+    /// top-k into the exact global top-k. At most [`MAX_DEVICE_SHARDS`].
+    pub device_shards: u32,
+    /// How memories are assigned to shards.
+    pub placement: Placement,
 }
+
+/// Largest `device_shards` option.
+pub const MAX_DEVICE_SHARDS: u32 = 64;
 
 /// Largest `rerank` option (candidates re-scored exactly per query in the int8 scan).
 pub const MAX_RERANK: u32 = 65536;
@@ -91,6 +100,8 @@ impl Default for Options {
             gpu_memory_bytes: 0,
             scan: Scan::Exact,
             rerank: 0,
+            device_shards: 0,
+            placement: Placement::Id,
         }
     }
 }

@@ -53,7 +53,7 @@ pub mod wire;
 pub use client::{Kalos, Lag, ListOptions, Namespaces, Options, PayloadHit, RecallOptions, UpsertOptions};
 pub use error::{Error, Result, Status};
 pub use store::{Record, NEVER};
-pub use types::{Backend, Dtype, Filter, Hit, Metric, Recency, Role, Scan, SyncPolicy, MAX_K};
+pub use types::{Backend, Dtype, Filter, Hit, Metric, Placement, Recency, Role, Scan, SyncPolicy, MAX_K};
 pub use wire::{op_name, OpLatency, OpStatusCount, Stats, LATENCY_BUCKETS_NS};
 
 /// Library version string.

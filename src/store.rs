@@ -330,6 +330,45 @@ impl Store {
         self.dirty.push(row as u32);
     }
 
+    /// Upserts row `row` of `src` as `src` stores it (the vector already scaled for the metric,
+    /// its norm, namespace, times and fields), without its payload: how a device shard's table
+    /// (`engine::shard`) copies the server's rows bit for bit. `src` has this store's dimension
+    /// and metric.
+    pub(crate) fn copy_row_from(&mut self, src: &Store, row: usize) {
+        let dim = self.dim;
+        debug_assert!(src.dim == dim && src.metric == self.metric);
+        let id = src.ids[row];
+        let r = match self.index.get(&id) {
+            Some(&r) => r as usize,
+            None => {
+                let r = self.ids.len();
+                self.ids.push(id);
+                self.vectors.resize((r + 1) * dim);
+                self.norms.push(0.0);
+                self.namespaces.push(0);
+                self.created_ms.push(0);
+                self.expires_ms.push(NEVER);
+                self.payloads.push(None);
+                self.fields.push_row();
+                self.index.insert(id, r as u32);
+                r
+            }
+        };
+        self.vectors[r * dim..(r + 1) * dim].copy_from_slice(&src.vectors[row * dim..(row + 1) * dim]);
+        self.norms[r] = src.norms[row];
+        self.namespaces[r] = src.namespaces[row];
+        self.created_ms[r] = src.created_ms[row];
+        if self.expires_ms[r] != NEVER {
+            self.expiring -= 1;
+        }
+        if src.expires_ms[row] != NEVER {
+            self.expiring += 1;
+        }
+        self.expires_ms[r] = src.expires_ms[row];
+        self.fields.set_row(r, &src.fields.row(row));
+        self.dirty.push(r as u32);
+    }
+
     /// Reserves room for `n` more rows in every column (amortised growth, no per-row reallocation).
     pub fn reserve(&mut self, n: usize) {
         self.vectors.reserve(n * self.dim);

@@ -118,6 +118,41 @@ impl Scan {
     }
 }
 
+/// How a sharded store (option `device_shards` > 1) assigns memories to its shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// By a hash of the id: shards stay within a few rows of each other whatever the namespaces,
+    /// and every recall scans every shard.
+    #[default]
+    Id = 0,
+    /// By a hash of the namespace: a recall scoped to namespaces scans only the shards that hold
+    /// them, but one large namespace fills its shard alone.
+    Namespace = 1,
+}
+
+impl Placement {
+    pub fn from_u32(v: u32) -> Result<Placement> {
+        match v {
+            0 => Ok(Placement::Id),
+            1 => Ok(Placement::Namespace),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown placement {v} (0=id, 1=namespace)"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Id => "id",
+            Placement::Namespace => "namespace",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Placement> {
+        match s.to_ascii_lowercase().as_str() {
+            "id" => Ok(Placement::Id),
+            "namespace" => Ok(Placement::Namespace),
+            _ => Err(Error::new(Status::InvalidArgument, format!("unknown placement {s:?} (id, namespace)"))),
+        }
+    }
+}
+
 /// Which side of the segment a handle takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -14,9 +14,10 @@ pub mod cuda;
 pub mod pool;
 pub(crate) mod quant;
 pub mod router;
+pub mod shard;
 
 use crate::error::Result;
-use crate::store::Store;
+use crate::store::{Store, UpsertItem};
 use crate::types::{Hit, Metric};
 use crate::wire::SearchRequest;
 
@@ -49,6 +50,14 @@ pub trait Engine: Send {
     /// memory fails the write with a clear status and leaves the table unchanged.
     fn reserve(&mut self, _rows: usize) -> Result<()> {
         Ok(())
+    }
+    /// Makes room for the upsert of `items` into `store` (before it is applied): by default
+    /// [`Engine::reserve`] for the table's rows once the new ids are added. Engines that split
+    /// the table override it to reserve where the rows will go.
+    fn reserve_for(&mut self, store: &Store, items: &[UpsertItem<'_>]) -> Result<()> {
+        let mut fresh = std::collections::HashSet::new();
+        let new_rows = items.iter().filter(|it| store.row_of(it.id).is_none() && fresh.insert(it.id)).count();
+        self.reserve(store.len() + new_rows)
     }
     /// Offers the shared-memory region `[base, base + len)` that holds the clients' slots, for
     /// engines that must prepare it before writing single-query responses straight into them

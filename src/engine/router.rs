@@ -2,10 +2,14 @@
 //! over when the CUDA engine fails while serving. The [`Router`] keeps why the CUDA engine is not
 //! serving and how often it failed, for the server's stats.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use super::cpu::CpuEngine;
+use super::shard::ShardedEngine;
 use super::{cuda, Engine, EngineKind};
 use crate::config::Options;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Status};
 use crate::store::Store;
 use crate::types::{Backend, Scan};
 
@@ -46,6 +50,9 @@ impl Router {
             reason: String::new(),
             carried: (0, 0),
         };
+        if opts.device_shards > 1 {
+            return router.sharded(backend, opts, store).map(|e| (e, router));
+        }
         let engine = match backend {
             Backend::Cpu => router.cpu(),
             Backend::Cuda => cuda::create(opts, store)?,
@@ -60,6 +67,35 @@ impl Router {
             },
         };
         Ok((engine, router))
+    }
+
+    /// A store split into `device_shards` shards, each served by a CPU engine with its share of
+    /// the threads. The CUDA backend does not serve sharded stores (INVALID_ARGUMENT); under
+    /// `Auto` the router keeps why the GPU is not serving.
+    fn sharded(&mut self, backend: Backend, opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
+        let n = opts.device_shards as usize;
+        match backend {
+            Backend::Cuda => {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!("device_shards = {n} runs on the CPU engine only; open with backend cpu or auto"),
+                ))
+            }
+            Backend::Auto => self.reason = format!("device_shards = {n}: sharded stores run on the CPU engine"),
+            Backend::Cpu => {}
+        }
+        let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+        let total = if self.threads == 0 { cores } else { self.threads };
+        let per = (total / n).max(1);
+        let (spin_ns, scan, rerank) = (self.spin_ns, self.scan, self.rerank);
+        let worker_spin = if cores >= super::cpu::SPIN_MIN_CORES { spin_ns } else { 0 };
+        let factory = move |_: usize| -> Result<Box<dyn Engine>> {
+            let mut e = CpuEngine::for_server(per, spin_ns);
+            e.set_scan(scan, rerank);
+            Ok(Box::new(e))
+        };
+        let e = ShardedEngine::new(n, opts.placement, store, Duration::from_nanos(worker_spin), Arc::new(factory))?;
+        Ok(Box::new(e))
     }
 
     fn cpu(&self) -> Box<dyn Engine> {

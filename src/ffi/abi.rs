@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::client::{Kalos, Options};
 use crate::error::{Error, Result, Status};
-use crate::types::{Backend, Dtype, Metric, Role, Scan, SyncPolicy};
+use crate::types::{Backend, Dtype, Metric, Placement, Role, Scan, SyncPolicy};
 
 /// Status code returned by every function (`KALOS_OK` = 0).
 #[allow(non_camel_case_types)]
@@ -124,6 +124,13 @@ pub const KALOS_RECALL_ALLOW_STALE: u32 = 2;
 pub const KALOS_SCAN_EXACT: u32 = 0;
 /// Scan: 8-bit quantized copy, the best `rerank` candidates re-scored exactly.
 pub const KALOS_SCAN_INT8: u32 = 1;
+/// Shard placement: by a hash of the id (shards stay balanced; every recall scans every shard).
+pub const KALOS_PLACEMENT_ID: u32 = 0;
+/// Shard placement: by a hash of the namespace (a namespace-scoped recall scans only its shards).
+pub const KALOS_PLACEMENT_NAMESPACE: u32 = 1;
+/// Largest `kalos_options::device_shards`.
+pub const KALOS_MAX_DEVICE_SHARDS: u32 = 64;
+const _: () = assert!(KALOS_MAX_DEVICE_SHARDS == crate::config::MAX_DEVICE_SHARDS);
 /// Largest `kalos_options::rerank`.
 pub const KALOS_MAX_RERANK: u32 = 65536;
 const _: () = assert!(KALOS_MAX_RERANK == crate::config::MAX_RERANK);
@@ -256,6 +263,20 @@ pub struct kalos_options {
     /// Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
     /// max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
     pub rerank: u32,
+    /// Shards the table is split into (default 0 = one table; at most `KALOS_MAX_DEVICE_SHARDS`).
+    /// Each shard holds its part of the table with its own engine on its own server-side
+    /// thread; a recall scans the shards in parallel and merges their top-k into the exact
+    /// global top-k, and a write goes to the shard that owns the memory. With the CPU backend
+    /// the shards share the host's cores (each engine gets `threads / shards` threads): a way to
+    /// run the sharded path anywhere, not a speed-up. The sharded host table keeps a second copy
+    /// of the vectors (one per shard, besides the server's). Sharded stores run on the CPU
+    /// engine: `KALOS_BACKEND_CUDA` with more than one shard is refused with
+    /// `KALOS_INVALID_ARGUMENT`, and `KALOS_BACKEND_AUTO` serves them on the CPU. A caller whose
+    /// `struct_size` ends before this field gets 0.
+    pub device_shards: u32,
+    /// `KALOS_PLACEMENT_*` (default ID): how memories are assigned to shards. A caller whose
+    /// `struct_size` ends before this field gets ID.
+    pub placement: u32,
 }
 
 /// Per-call recall parameters; pass NULL for the defaults. Initialise with
@@ -455,6 +476,8 @@ fn defaults() -> kalos_options {
         ephemeral: d.ephemeral as u32,
         scan: d.scan as u32,
         rerank: d.rerank,
+        device_shards: d.device_shards,
+        placement: d.placement as u32,
     }
 }
 
@@ -626,6 +649,8 @@ pub(super) unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
         },
         scan: Scan::from_u32(raw.scan)?,
         rerank: raw.rerank,
+        device_shards: raw.device_shards,
+        placement: Placement::from_u32(raw.placement)?,
     })
 }
 

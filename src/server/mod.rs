@@ -102,6 +102,9 @@ fn validate_options(o: &Options) -> Result<()> {
     if o.rerank > crate::config::MAX_RERANK {
         return bad(format!("rerank = {}; must be at most {} (0 = adapt to k)", o.rerank, crate::config::MAX_RERANK));
     }
+    if o.device_shards > crate::config::MAX_DEVICE_SHARDS {
+        return bad(format!("device_shards = {}; must be at most {} (0 = one table)", o.device_shards, crate::config::MAX_DEVICE_SHARDS));
+    }
     if o.mode & !0o777 != 0 || o.mode & 0o600 != 0o600 {
         return bad(format!("mode {:o} must be permission bits that include 0600", o.mode));
     }

@@ -140,8 +140,7 @@ impl Server {
         let u = UpsertRequest::decode(body, self.dim)?;
         let items = upsert_items(&u, self.dim, now)?;
         self.store.validate_upsert(&items)?;
-        let new_rows = items.iter().filter(|it| self.store.row_of(it.id).is_none()).count();
-        if let Err(e) = self.engine.reserve(self.store.len() + new_rows) {
+        if let Err(e) = self.engine.reserve_for(&self.store, &items) {
             if e.status == Status::StoreFull {
                 return Err(e); // out of GPU memory: the write is refused, nothing changed
             }

@@ -38,7 +38,7 @@ enum Cmd {
     ///
     /// On SIGTERM or SIGINT the server stops cleanly: pending requests get SERVER_GONE, the
     /// segment is removed, the data directory (if any) is synced, and final stats are printed.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the statistics of a running store
     Stats(StatsArgs),
     /// Bulk-load memories into a data directory (offline) or a running store (docs/FORMATS.md)
@@ -96,6 +96,14 @@ struct ServeArgs {
     /// Candidates re-scored exactly per query with --scan int8 (0 = adapt to k: max(8k, 64))
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=kalos::config::MAX_RERANK as i64))]
     rerank: u32,
+    /// Split the table into N shards, each with its own engine and thread, scanned in parallel
+    /// and merged exactly (0 = one table; CPU engine)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=kalos::config::MAX_DEVICE_SHARDS as i64))]
+    device_shards: u32,
+    /// Shard placement: id (balanced) or namespace (namespace-scoped recalls scan only the
+    /// shards that hold those namespaces)
+    #[arg(long, default_value = "id", value_parser = parse_placement)]
+    placement: Placement,
     /// Vectors to load at start: float32/float16 .npy of shape (n, D)
     #[arg(long, value_name = "FILE.npy", conflicts_with = "synthetic")]
     load: Option<PathBuf>,
@@ -197,6 +205,9 @@ fn parse_dtype(s: &str) -> std::result::Result<Dtype, String> {
 }
 fn parse_scan(s: &str) -> std::result::Result<Scan, String> {
     Scan::parse(s).map_err(|e| e.message)
+}
+fn parse_placement(s: &str) -> std::result::Result<Placement, String> {
+    Placement::parse(s).map_err(|e| e.message)
 }
 fn parse_backend(s: &str) -> std::result::Result<Backend, String> {
     Backend::parse(s).map_err(|e| e.message)
@@ -427,6 +438,8 @@ fn serve(a: &ServeArgs) {
         backend: a.backend,
         scan: a.scan,
         rerank: a.rerank,
+        device_shards: a.device_shards,
+        placement: a.placement,
         sync: a.sync,
         capacity: a.capacity,
         slots: a.slots,

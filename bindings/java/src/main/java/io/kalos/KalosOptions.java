@@ -79,6 +79,8 @@ public final class KalosOptions {
     final boolean ephemeral;
     final boolean scanInt8;
     final int rerank;
+    final int deviceShards;
+    final boolean placementNamespace;
 
     private KalosOptions(Builder b) {
         role = b.role;
@@ -103,6 +105,8 @@ public final class KalosOptions {
         ephemeral = b.ephemeral;
         scanInt8 = b.scanInt8;
         rerank = b.rerank;
+        deviceShards = b.deviceShards;
+        placementNamespace = b.placementNamespace;
     }
 
     /** A builder with the library defaults. */
@@ -120,12 +124,13 @@ public final class KalosOptions {
     public Metric metric() { return metric; }
     public long timeoutMs() { return timeoutMs; }
 
-    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 21 entries, in this order). */
+    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 23 entries, in this order). */
     long[] toNative() {
         return new long[] {
             role.code, dim, metric.code, dtype.code, backend.code, capacity, slots, slotBytes, mode,
             maxPayloadBytes, clientSpinNs, serverSpinNs, timeoutMs, heartbeatTimeoutMs, sync.code,
             syncIntervalMs, threads, gpuMemoryBytes, ephemeral ? 1 : 0, scanInt8 ? 1 : 0, rerank,
+            deviceShards, placementNamespace ? 1 : 0,
         };
     }
 
@@ -153,6 +158,8 @@ public final class KalosOptions {
         private boolean ephemeral = false;
         private boolean scanInt8 = false;
         private int rerank = 0;
+        private int deviceShards = 0;
+        private boolean placementNamespace = false;
 
         private Builder() {}
 
@@ -211,6 +218,16 @@ public final class KalosOptions {
         public Builder scanInt8(boolean v) { scanInt8 = v; return this; }
         /** Candidates re-scored per query by the int8 scan (0 = max(8k, 64); at most 65536). */
         public Builder rerank(int v) { rerank = v; return this; }
+        /**
+         * Shards the table is split into (0 = one table; at most 64): each shard has its own engine on its own
+         * server thread, a recall scans them in parallel and merges their top-k exactly. Runs on the CPU engine.
+         */
+        public Builder deviceShards(int v) { deviceShards = v; return this; }
+        /**
+         * Place memories on shards by a hash of their namespace (a namespace-scoped recall then scans only the
+         * shards holding those namespaces) instead of by a hash of their id (the default: balanced shards).
+         */
+        public Builder placementByNamespace(boolean v) { placementNamespace = v; return this; }
 
         public KalosOptions build() {
             return new KalosOptions(this);
