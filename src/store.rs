@@ -292,22 +292,7 @@ impl Store {
         };
         let payload: Option<Box<[u8]>> = it.payload.map(|p| p.to_vec().into_boxed_slice());
         let plen = payload.as_ref().map_or(0, |p| p.len());
-        let row = match self.index.get(&it.id) {
-            Some(&r) => r as usize,
-            None => {
-                let r = self.ids.len();
-                self.ids.push(it.id);
-                self.vectors.resize((r + 1) * dim);
-                self.norms.push(0.0);
-                self.namespaces.push(0);
-                self.created_ms.push(0);
-                self.expires_ms.push(NEVER);
-                self.payloads.push(None);
-                self.fields.push_row();
-                self.index.insert(it.id, r as u32);
-                r
-            }
-        };
+        let row = self.row_for(it.id);
         let dst = &mut self.vectors[row * dim..(row + 1) * dim];
         match unit {
             None => dst.copy_from_slice(it.vector),
@@ -330,6 +315,24 @@ impl Store {
         self.dirty.push(row as u32);
     }
 
+    /// The row of `id`: its own, or a new empty one at the end.
+    fn row_for(&mut self, id: u64) -> usize {
+        if let Some(&r) = self.index.get(&id) {
+            return r as usize;
+        }
+        let r = self.ids.len();
+        self.ids.push(id);
+        self.vectors.resize((r + 1) * self.dim);
+        self.norms.push(0.0);
+        self.namespaces.push(0);
+        self.created_ms.push(0);
+        self.expires_ms.push(NEVER);
+        self.payloads.push(None);
+        self.fields.push_row();
+        self.index.insert(id, r as u32);
+        r
+    }
+
     /// Upserts row `row` of `src` as `src` stores it (the vector already scaled for the metric,
     /// its norm, namespace, times and fields), without its payload: how a device shard's table
     /// (`engine::shard`) copies the server's rows bit for bit. `src` has this store's dimension
@@ -338,22 +341,7 @@ impl Store {
         let dim = self.dim;
         debug_assert!(src.dim == dim && src.metric == self.metric);
         let id = src.ids[row];
-        let r = match self.index.get(&id) {
-            Some(&r) => r as usize,
-            None => {
-                let r = self.ids.len();
-                self.ids.push(id);
-                self.vectors.resize((r + 1) * dim);
-                self.norms.push(0.0);
-                self.namespaces.push(0);
-                self.created_ms.push(0);
-                self.expires_ms.push(NEVER);
-                self.payloads.push(None);
-                self.fields.push_row();
-                self.index.insert(id, r as u32);
-                r
-            }
-        };
+        let r = self.row_for(id);
         self.vectors[r * dim..(r + 1) * dim].copy_from_slice(&src.vectors[row * dim..(row + 1) * dim]);
         self.norms[r] = src.norms[row];
         self.namespaces[r] = src.namespaces[row];
