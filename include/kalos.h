@@ -106,6 +106,9 @@
 // Shard placement: by a hash of the namespace (a namespace-scoped recall scans only its shards).
 #define KALOS_PLACEMENT_NAMESPACE 1
 
+// `kalos_options::gpus`: every CUDA device of the host.
+#define KALOS_GPUS_ALL UINT64_MAX
+
 // Largest `kalos_options::device_shards`.
 #define KALOS_MAX_DEVICE_SHARDS 64
 
@@ -319,20 +322,26 @@ typedef struct kalos_options {
   // Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
   // max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
   uint32_t rerank;
-  // Shards the table is split into (default 0 = one table; at most `KALOS_MAX_DEVICE_SHARDS`).
-  // Each shard holds its part of the table with its own engine on its own server-side
-  // thread; a recall scans the shards in parallel and merges their top-k into the exact
-  // global top-k, and a write goes to the shard that owns the memory. With the CPU backend
-  // the shards share the host's cores (each engine gets `threads / shards` threads): a way to
-  // run the sharded path anywhere, not a speed-up. The sharded host table keeps a second copy
-  // of the vectors (one per shard, besides the server's). Sharded stores run on the CPU
-  // engine: `KALOS_BACKEND_CUDA` with more than one shard is refused with
-  // `KALOS_INVALID_ARGUMENT`, and `KALOS_BACKEND_AUTO` serves them on the CPU. A caller whose
-  // `struct_size` ends before this field gets 0.
+  // Shards the table is split into (default 0 = one table, or one per GPU that `gpus`
+  // selects; at most `KALOS_MAX_DEVICE_SHARDS`). Each shard holds its part of the table with
+  // its own engine on its own server-side thread; a recall scans the shards in parallel and
+  // merges their top-k into the exact global top-k, and a write goes to the shard that owns
+  // the memory. On a CUDA store shard i runs on the i-th selected GPU (modulo their number:
+  // several shards may share one GPU, splitting its memory budget); with the CPU backend the
+  // shards share the host's cores (each engine gets `threads / shards` threads). The host
+  // keeps each shard's rows once more besides the server's table (no payloads). A caller
+  // whose `struct_size` ends before this field gets 0.
   uint32_t device_shards;
   // `KALOS_PLACEMENT_*` (default ID): how memories are assigned to shards. A caller whose
   // `struct_size` ends before this field gets ID.
   uint32_t placement;
+  // The GPUs of a CUDA store, as a bit mask of device ordinals (bit i = device i;
+  // `KALOS_GPUS_ALL` = every device; default 0 = device 0 alone). More than one device
+  // shards the table over them (see `device_shards`). A bit naming a device the host lacks
+  // fails the open with `KALOS_INVALID_ARGUMENT` (backend CUDA) or serves on the CPU
+  // (backend AUTO, with the reason in stats). Ignored by the CPU backend. A caller whose
+  // `struct_size` ends before this field gets 0.
+  uint64_t gpus;
 } kalos_options;
 
 // Per-call recall parameters; pass NULL for the defaults. Initialise with

@@ -67,7 +67,15 @@ pub struct Options {
     pub device_shards: u32,
     /// How memories are assigned to shards.
     pub placement: Placement,
+    /// The GPUs a CUDA store spreads over, as a bit mask of device ordinals (bit i = device i;
+    /// [`GPUS_ALL`] = every device; 0 = device 0 alone). With more than one device the table is
+    /// sharded: `max(device_shards, devices)` shards, shard i on the i-th device modulo their
+    /// number.
+    pub gpus: u64,
 }
+
+/// `gpus` value that selects every CUDA device of the host.
+pub const GPUS_ALL: u64 = u64::MAX;
 
 /// Largest `device_shards` option.
 pub const MAX_DEVICE_SHARDS: u32 = 64;
@@ -102,6 +110,7 @@ impl Default for Options {
             rerank: 0,
             device_shards: 0,
             placement: Placement::Id,
+            gpus: 0,
         }
     }
 }

@@ -38,7 +38,8 @@ fn int_vec(r: &mut StdRng, n: usize) -> Vec<f32> {
 }
 
 fn sharded(n: usize, placement: Placement, st: &Store) -> ShardedEngine {
-    ShardedEngine::new(n, placement, st, Duration::ZERO, Arc::new(|_| Ok(Box::new(CpuEngine::new(1)) as Box<dyn Engine>))).unwrap()
+    ShardedEngine::new(n, placement, st, Duration::ZERO, Arc::new(|_, _: &Store| Ok(Box::new(CpuEngine::new(1)) as Box<dyn Engine>)))
+        .unwrap()
 }
 
 fn fields(r: &mut StdRng, retyped: bool) -> Vec<Field> {
@@ -262,7 +263,7 @@ fn a_failing_shard_fails_the_recall_never_a_partial_answer() {
         Placement::Id,
         &st,
         Duration::ZERO,
-        Arc::new(move |i| {
+        Arc::new(move |i, _: &Store| {
             // Only shard 1 fails.
             let (a, b) = if i == 1 { (fs.clone(), fy.clone()) } else { Default::default() };
             Ok(Box::new(Flaky { inner: CpuEngine::new(1), fail_search: a, fail_sync: b }) as Box<dyn Engine>)
@@ -372,10 +373,20 @@ fn options_are_checked() {
     let e = open(&format!("dsh-big-{tag}"), 65, Placement::Id, None).err().unwrap();
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("device_shards = 65"), "{e}");
-    let o = Options { role: Role::Server, dim: 4, backend: Backend::Cuda, device_shards: 2, ..Options::default() };
-    let e = Kalos::open(&format!("dsh-cuda-{tag}"), &o).err().unwrap();
-    assert_eq!(e.status, Status::InvalidArgument, "{e}");
-    assert!(e.message.contains("CPU engine only"), "{e}");
+    // Sharded CUDA stores on a host without a GPU: a clear error under backend cuda; the CPU
+    // engine under auto, with the reason in stats.
+    if kalos::engine::cuda::device_count() == 0 {
+        for (shards, gpus) in [(2, 0), (0, kalos::config::GPUS_ALL), (3, 0b11)] {
+            let o = Options { role: Role::Server, dim: 4, backend: Backend::Cuda, device_shards: shards, gpus, ..Options::default() };
+            let e = Kalos::open(&format!("dsh-cuda-{tag}"), &o).err().unwrap();
+            assert_eq!(e.status, Status::BackendUnavailable, "{e}");
+            let o = Options { backend: Backend::Auto, ..o };
+            let k = Kalos::open(&format!("dsh-auto-{tag}"), &o).unwrap();
+            let s = k.stats().unwrap();
+            assert_eq!(s.engine_name.starts_with("shards"), shards > 1, "{}", s.engine_name);
+            assert!(s.fallback_reason.contains("CUDA"), "{}", s.fallback_reason);
+        }
+    }
     // One shard is one table.
     let k = open(&format!("dsh-one-{tag}"), 1, Placement::Id, None).unwrap();
     assert!(!k.stats().unwrap().engine_name.starts_with("shards"));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cpu::CpuEngine;
 use super::shard::ShardedEngine;
 use super::{cuda, Engine, EngineKind};
-use crate::config::Options;
+use crate::config::{Options, GPUS_ALL};
 use crate::error::{Error, Result, Status};
 use crate::store::Store;
 use crate::types::{Backend, Scan};
@@ -19,6 +19,27 @@ pub fn resolve_backend(opt: Backend) -> Result<Backend> {
         return Ok(opt);
     }
     Ok(crate::config::tuning()?.backend.unwrap_or(Backend::Auto))
+}
+
+/// The device ordinals `gpus` selects among the host's CUDA devices (0 = device 0 alone,
+/// [`GPUS_ALL`] = every device), in order. BACKEND_UNAVAILABLE when the host has no usable CUDA
+/// device; INVALID_ARGUMENT when `gpus` names a device the host does not have.
+fn selected_devices(gpus: u64) -> Result<Vec<i32>> {
+    let count = cuda::device_count().min(64);
+    if count == 0 {
+        return Err(Error::new(Status::BackendUnavailable, "no usable CUDA device (driver, libraries or GPU missing)"));
+    }
+    let mask = match gpus {
+        0 => 1,
+        GPUS_ALL => GPUS_ALL,
+        m => {
+            if let Some(d) = (count as u32..64).find(|&d| m & (1u64 << d) != 0) {
+                return Err(Error::new(Status::InvalidArgument, format!("gpus names device {d}; this host has {count} CUDA devices")));
+            }
+            m
+        }
+    };
+    Ok((0..count as i32).filter(|&d| mask & (1u64 << d) != 0).collect())
 }
 
 /// The server's engine choice, made once at start and revised only by a CUDA failure.
@@ -50,15 +71,30 @@ impl Router {
             reason: String::new(),
             carried: (0, 0),
         };
-        if opts.device_shards > 1 {
-            return router.sharded(backend, opts, store).map(|e| (e, router));
+        let shards = opts.device_shards as usize;
+        // The GPUs to use: device 0 unless `gpus` names others (checked against the host).
+        let devices = match backend {
+            Backend::Cpu => Ok(Vec::new()),
+            _ if opts.gpus == 0 && shards <= 1 => Ok(vec![0]),
+            _ => selected_devices(opts.gpus),
+        };
+        let devices = match (devices, backend) {
+            (Ok(d), _) => d,
+            (Err(e), Backend::Cuda) => return Err(e),
+            (Err(e), _) => {
+                router.reason = e.message;
+                Vec::new()
+            }
+        };
+        if shards > 1 || devices.len() > 1 {
+            return router.sharded(backend, opts, store, devices).map(|e| (e, router));
         }
-        let engine = match backend {
-            Backend::Cpu => router.cpu(),
-            Backend::Cuda => cuda::create(opts, store)?,
+        let engine = match (backend, devices.first()) {
+            (Backend::Cpu, _) | (Backend::Auto, None) => router.cpu(),
+            (Backend::Cuda, d) => cuda::create_on(opts, store, d.copied().unwrap_or(0), false)?,
             // Auto: the GPU when one is usable, with a cost model that keeps requests too small to
             // pay for a GPU round trip on the CPU (cuda::create_auto); else the CPU engine.
-            Backend::Auto => match cuda::create_auto(opts, store) {
+            (Backend::Auto, Some(&d)) => match cuda::create_on(opts, store, d, true) {
                 Ok(e) => e,
                 Err(e) => {
                     router.reason = e.message;
@@ -69,33 +105,48 @@ impl Router {
         Ok((engine, router))
     }
 
-    /// A store split into `device_shards` shards, each served by a CPU engine with its share of
-    /// the threads. The CUDA backend does not serve sharded stores (INVALID_ARGUMENT); under
-    /// `Auto` the router keeps why the GPU is not serving.
-    fn sharded(&mut self, backend: Backend, opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
-        let n = opts.device_shards as usize;
-        match backend {
-            Backend::Cuda => {
-                return Err(Error::new(
-                    Status::InvalidArgument,
-                    format!("device_shards = {n} runs on the CPU engine only; open with backend cpu or auto"),
-                ))
-            }
-            Backend::Auto => self.reason = format!("device_shards = {n}: sharded stores run on the CPU engine"),
-            Backend::Cpu => {}
-        }
+    /// A store split into shards: `max(device_shards, devices)` of them, shard i served by the
+    /// CUDA engine on `devices[i % devices.len()]` (backends cuda and auto), or by a CPU engine
+    /// each (backend cpu, or auto when no GPU is selected or the GPU shards cannot start; the
+    /// router keeps why). Shards that share a device share its memory budget.
+    fn sharded(&mut self, backend: Backend, opts: &Options, store: &Store, devices: Vec<i32>) -> Result<Box<dyn Engine>> {
+        let n = (opts.device_shards as usize).max(devices.len());
         let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
         let total = if self.threads == 0 { cores } else { self.threads };
         let per = (total / n).max(1);
+        let worker_spin = Duration::from_nanos(if cores >= super::cpu::SPIN_MIN_CORES { self.spin_ns } else { 0 });
+        if backend != Backend::Cpu {
+            let gpu = if devices.is_empty() {
+                Err(Error::new(Status::BackendUnavailable, self.reason.clone()))
+            } else {
+                let (o, hybrid, devs) = (opts.clone(), backend == Backend::Auto, devices.clone());
+                let factory = move |i: usize, st: &Store| -> Result<Box<dyn Engine>> {
+                    let dev = devs[i % devs.len()];
+                    let share = (0..n).filter(|j| devs[j % devs.len()] == dev).count();
+                    let mut o = o.clone();
+                    o.threads = per as u32;
+                    if share > 1 {
+                        let budget =
+                            if o.gpu_memory_bytes > 0 { o.gpu_memory_bytes as usize } else { cuda::device_free_memory(dev)? / 10 * 9 };
+                        o.gpu_memory_bytes = (budget / share) as u64;
+                    }
+                    cuda::create_on(&o, st, dev, hybrid)
+                };
+                ShardedEngine::new(n, opts.placement, store, worker_spin, Arc::new(factory))
+            };
+            match (gpu, backend) {
+                (Ok(e), _) => return Ok(Box::new(e)),
+                (Err(e), Backend::Cuda) => return Err(e),
+                (Err(e), _) => self.reason = e.message,
+            }
+        }
         let (spin_ns, scan, rerank) = (self.spin_ns, self.scan, self.rerank);
-        let worker_spin = if cores >= super::cpu::SPIN_MIN_CORES { spin_ns } else { 0 };
-        let factory = move |_: usize| -> Result<Box<dyn Engine>> {
+        let factory = move |_: usize, _: &Store| -> Result<Box<dyn Engine>> {
             let mut e = CpuEngine::for_server(per, spin_ns);
             e.set_scan(scan, rerank);
             Ok(Box::new(e))
         };
-        let e = ShardedEngine::new(n, opts.placement, store, Duration::from_nanos(worker_spin), Arc::new(factory))?;
-        Ok(Box::new(e))
+        Ok(Box::new(ShardedEngine::new(n, opts.placement, store, worker_spin, Arc::new(factory))?))
     }
 
     fn cpu(&self) -> Box<dyn Engine> {

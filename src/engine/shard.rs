@@ -42,8 +42,8 @@ use crate::store::{Store, UpsertItem};
 use crate::types::{Hit, Metric, Placement};
 use crate::wire::SearchRequest;
 
-/// Builds shard `i`'s engine, on that shard's thread.
-pub type EngineFactory = dyn Fn(usize) -> Result<Box<dyn Engine>> + Send + Sync;
+/// Builds shard `i`'s engine for its (empty) table, on that shard's thread.
+pub type EngineFactory = dyn Fn(usize, &Store) -> Result<Box<dyn Engine>> + Send + Sync;
 
 /// The shard of a memory: `key` (its id or namespace) hashed and mapped onto `shards`. The hash
 /// differs from the cluster's namespace hash (`wire::cluster::shard_of`), so the namespaces of
@@ -169,7 +169,7 @@ impl ShardedEngine {
         }
         let all: Vec<usize> = (0..shards).collect();
         out.run(&all, &|i, p| {
-            p.result = factory(i).map(|e| {
+            p.result = factory(i, &p.store).map(|e| {
                 p.describe = e.describe();
                 p.engine = Some(e);
             })

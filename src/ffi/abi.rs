@@ -128,6 +128,9 @@ pub const KALOS_SCAN_INT8: u32 = 1;
 pub const KALOS_PLACEMENT_ID: u32 = 0;
 /// Shard placement: by a hash of the namespace (a namespace-scoped recall scans only its shards).
 pub const KALOS_PLACEMENT_NAMESPACE: u32 = 1;
+/// `kalos_options::gpus`: every CUDA device of the host.
+pub const KALOS_GPUS_ALL: u64 = u64::MAX;
+const _: () = assert!(KALOS_GPUS_ALL == crate::config::GPUS_ALL);
 /// Largest `kalos_options::device_shards`.
 pub const KALOS_MAX_DEVICE_SHARDS: u32 = 64;
 const _: () = assert!(KALOS_MAX_DEVICE_SHARDS == crate::config::MAX_DEVICE_SHARDS);
@@ -263,20 +266,26 @@ pub struct kalos_options {
     /// Candidates re-scored exactly per query with `KALOS_SCAN_INT8` (default 0 = adapt to k:
     /// max(8k, 64)); at most `KALOS_MAX_RERANK`, and never fewer than k.
     pub rerank: u32,
-    /// Shards the table is split into (default 0 = one table; at most `KALOS_MAX_DEVICE_SHARDS`).
-    /// Each shard holds its part of the table with its own engine on its own server-side
-    /// thread; a recall scans the shards in parallel and merges their top-k into the exact
-    /// global top-k, and a write goes to the shard that owns the memory. With the CPU backend
-    /// the shards share the host's cores (each engine gets `threads / shards` threads): a way to
-    /// run the sharded path anywhere, not a speed-up. The sharded host table keeps a second copy
-    /// of the vectors (one per shard, besides the server's). Sharded stores run on the CPU
-    /// engine: `KALOS_BACKEND_CUDA` with more than one shard is refused with
-    /// `KALOS_INVALID_ARGUMENT`, and `KALOS_BACKEND_AUTO` serves them on the CPU. A caller whose
-    /// `struct_size` ends before this field gets 0.
+    /// Shards the table is split into (default 0 = one table, or one per GPU that `gpus`
+    /// selects; at most `KALOS_MAX_DEVICE_SHARDS`). Each shard holds its part of the table with
+    /// its own engine on its own server-side thread; a recall scans the shards in parallel and
+    /// merges their top-k into the exact global top-k, and a write goes to the shard that owns
+    /// the memory. On a CUDA store shard i runs on the i-th selected GPU (modulo their number:
+    /// several shards may share one GPU, splitting its memory budget); with the CPU backend the
+    /// shards share the host's cores (each engine gets `threads / shards` threads). The host
+    /// keeps each shard's rows once more besides the server's table (no payloads). A caller
+    /// whose `struct_size` ends before this field gets 0.
     pub device_shards: u32,
     /// `KALOS_PLACEMENT_*` (default ID): how memories are assigned to shards. A caller whose
     /// `struct_size` ends before this field gets ID.
     pub placement: u32,
+    /// The GPUs of a CUDA store, as a bit mask of device ordinals (bit i = device i;
+    /// `KALOS_GPUS_ALL` = every device; default 0 = device 0 alone). More than one device
+    /// shards the table over them (see `device_shards`). A bit naming a device the host lacks
+    /// fails the open with `KALOS_INVALID_ARGUMENT` (backend CUDA) or serves on the CPU
+    /// (backend AUTO, with the reason in stats). Ignored by the CPU backend. A caller whose
+    /// `struct_size` ends before this field gets 0.
+    pub gpus: u64,
 }
 
 /// Per-call recall parameters; pass NULL for the defaults. Initialise with
@@ -478,6 +487,7 @@ fn defaults() -> kalos_options {
         rerank: d.rerank,
         device_shards: d.device_shards,
         placement: d.placement as u32,
+        gpus: d.gpus,
     }
 }
 
@@ -651,6 +661,7 @@ pub(super) unsafe fn read_options(o: *const kalos_options) -> Result<Options> {
         rerank: raw.rerank,
         device_shards: raw.device_shards,
         placement: Placement::from_u32(raw.placement)?,
+        gpus: raw.gpus,
     })
 }
 

@@ -322,7 +322,7 @@ pub extern "system" fn Java_io_kalos_Native_debugPanic<'l>(mut env: EnvUnowned<'
 }
 
 /// Number of option slots `open` expects (must match `KalosOptions.toNative`).
-const OPT_LEN: usize = 23;
+const OPT_LEN: usize = 24;
 
 fn u32_opt(v: i64, what: &str) -> JResult<u32> {
     u32::try_from(v).or_else(|_| kerr(Status::InvalidArgument, format!("option {what} = {v} is out of range")))
@@ -374,6 +374,7 @@ pub extern "system" fn Java_io_kalos_Native_open<'l>(
             rerank: u32_opt(o[20], "rerank")?,
             device_shards: u32_opt(o[21], "deviceShards")?,
             placement: crate::types::Placement::from_u32(u32_opt(o[22], "placement")?)?,
+            gpus: o[23] as u64,
             data_dir: if data_dir.is_null() { None } else { Some(data_dir.try_to_string(env)?.into()) },
         };
         let k = Kalos::open(&name, &options)?;

@@ -173,10 +173,14 @@ def load_rows(st, ref, ids, X, ns=None, batch=None):
     ref.upsert(ids, X, ns, t=time.time() * 1000)
 
 
-def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2):
+def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2, store_kw=None, dtype=F32):
     tag = "exact/%s/n=%d/d=%d" % (["ip", "cos", "l2"][metric], n, dim)
+    if store_kw:
+        tag += "/" + ",".join("%s=%s" % (k, "all" if v == GPUS_ALL else v) for k, v in sorted(store_kw.items()))
+    if dtype != F32:
+        tag += "/" + ["f32", "f16", "bf16"][dtype]
     t0 = time.time()
-    st = open_store(dim, metric)
+    st = open_store(dim, metric, dtype=dtype, **(store_kw or {}))
     ref = Ref(dim, metric)
     X = rng.standard_normal((n, dim)).astype(np.float32)
     ids = rng.permutation(np.arange(1, 4 * n + 1, dtype=np.uint64))[:n]
@@ -184,6 +188,10 @@ def suite_exact(metric, n, dim, ks=(1, 10, 100, 1024), mutate=True, nqueries=2):
     load_rows(st, ref, ids, X, ns)
     sinfo = st.stats()
     record(tag + "/engine", sinfo.engine == BACKEND, engine=sinfo.engine_name.decode())
+    want_shards = (store_kw or {}).get("device_shards", 0)
+    if want_shards > 1:
+        name_ = sinfo.engine_name.decode()
+        record(tag + "/sharded", name_.startswith("shards%dx[" % want_shards) and (BACKEND != CUDA or "[cuda" in name_), engine=name_)
 
     def queries():
         qs = [rng.standard_normal(dim).astype(np.float32) for _ in range(nqueries)]
@@ -743,6 +751,80 @@ st.close()
     record("env/KALOS_BACKEND=cpu", bool(line) and line[0].split()[1] == "1", out=r.stdout[-300:], err=r.stderr[-300:])
 
 
+def gpu_count():
+    """CUDA devices on this host (0 without a driver)."""
+    try:
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        if cu.cuInit(0) != 0 or cu.cuDeviceGetCount(ctypes.byref(n)) != 0:
+            return 0
+        return n.value
+    except OSError:
+        return 0
+
+
+def suite_shards():
+    """Device shards: several shards on one GPU, every GPU of the host, placement by namespace;
+    every answer against the float64 reference (suite_exact), f16 storage against the unsharded
+    store; a device that does not exist; a shard whose GPU search fails (the store falls back to
+    the CPU engine and still answers exactly)."""
+    ndev = gpu_count() if BACKEND == CUDA else 0
+    suite_exact(IP, 65_537, 128, store_kw=dict(device_shards=3))
+    suite_exact(L2, 300_000, 64, nqueries=1, store_kw=dict(device_shards=2, placement=PLACEMENT_NAMESPACE))
+    suite_exact(COSINE, 200_000, 96, nqueries=1, store_kw=dict(gpus=GPUS_ALL, device_shards=max(2, ndev)))
+    # f16 storage: the sharded store answers as the unsharded one does, query for query.
+    n, dim = 300_000, 256
+    X = rng.standard_normal((n, dim)).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    one = open_store(dim, IP, dtype=F16)
+    two = open_store(dim, IP, dtype=F16, device_shards=max(2, ndev), gpus=GPUS_ALL)
+    for st in (one, two):
+        for s0 in range(0, n, 8192):
+            st.upsert(ids[s0:s0 + 8192], X[s0:s0 + 8192])
+    Q = rng.standard_normal((1024, dim)).astype(np.float32)
+    same = 0
+    for q in Q[:20]:
+        a, b = one.recall(q, 10), two.recall(q, 10)
+        same += int(np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1], rtol=1e-6, atol=1e-6))
+    record("shards/f16/single-equal-unsharded", same == 20, same=same, of=20)
+    ra, rb = one.recall_batch(Q, 10), two.recall_batch(Q, 10)
+    overlap = np.mean([len(set(x[0].tolist()) & set(y[0].tolist())) / 10 for x, y in zip(ra, rb)])
+    scores_close = all(np.allclose(np.sort(x[1]), np.sort(y[1]), rtol=2e-3, atol=2e-3) for x, y in zip(ra, rb))
+    record("shards/f16/batch1024-equal-unsharded", overlap >= 0.999 and scores_close, overlap=float(overlap))
+    one.close()
+    two.close()
+    # A device the host lacks.
+    if BACKEND == CUDA:
+        try:
+            open_store(16, IP, gpus=1 << max(ndev, 1) | 1, capacity=1024).close()
+            record("shards/missing-device", False, why="opened")
+        except KalosError as e:
+            record("shards/missing-device", e.status == INVALID_ARGUMENT, status=e.status, msg=str(e))
+    # Injected fault on the shards' GPU searches: the store falls back to the CPU engine.
+    code = r'''
+import os, sys, numpy as np
+sys.path.insert(0, %r)
+from kalos_ct import *
+lib = load()
+st = Store(lib, "gpushfault-%%d" %% os.getpid(), dim=16, metric=IP, backend=%d, device_shards=3)
+X = np.random.default_rng(1).standard_normal((5000, 16)).astype(np.float32)
+st.upsert(np.arange(1, 5001, dtype=np.uint64), X)
+a = st.recall(X[3], 5)
+b = st.recall(X[3], 5)
+s = st.stats()
+print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]))
+st.close()
+''' % (os.path.dirname(os.path.abspath(__file__)), BACKEND)
+    if BACKEND == CUDA:
+        env = dict(os.environ, KALOS_CUDA_FAULT_AFTER="1")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+        f = line[0].split() if line else []
+        ok = bool(f) and f[1] == "1" and f[2] == "1" and f[4] == f[5] and f[6] == "5"
+        record("shards/fault/cpu-fallback", ok, out=r.stdout[-500:], err=r.stderr[-800:])
+
+
 def _filters_module():
     """bindings/python/kalos/filters.py (pure Python), from the staged .gpu/python or the repo."""
     import importlib.util
@@ -911,6 +993,7 @@ def main():
         ("fault", suite_fault_and_auto),
         ("filter", suite_filter),
         ("int8", suite_int8),
+        ("shards", suite_shards),
     ]
     for nm, fn in steps:
         if "all" in which or nm in which:

@@ -14,6 +14,9 @@ F32, F16, BF16 = 0, 1, 2
 AUTO, CPU, CUDA = 0, 1, 2
 STORE_FULL = 7
 BACKEND_UNAVAILABLE = 18
+INVALID_ARGUMENT = 1
+GPUS_ALL = (1 << 64) - 1
+PLACEMENT_ID, PLACEMENT_NAMESPACE = 0, 1
 
 
 class Options(C.Structure):
@@ -25,6 +28,7 @@ class Options(C.Structure):
         ("heartbeat_timeout_ms", C.c_uint64), ("data_dir", C.c_char_p), ("sync_policy", C.c_uint32),
         ("threads", C.c_uint32), ("sync_interval_ms", C.c_uint64), ("gpu_memory_bytes", C.c_uint64),
         ("ephemeral", C.c_uint32), ("scan", C.c_uint32), ("rerank", C.c_uint32),
+        ("device_shards", C.c_uint32), ("placement", C.c_uint32), ("gpus", C.c_uint64),
     ]
 
 
@@ -90,7 +94,7 @@ class KalosError(Exception):
 class Store:
     def __init__(self, lib, name, dim=0, metric=COSINE, dtype=F32, backend=CUDA, role=ROLE_SERVER,
                  capacity=1 << 20, slots=32, slot_bytes=1 << 22, gpu_memory_bytes=0, server_spin_ns=2_000_000,
-                 client_spin_ns=200_000, timeout_ms=60_000, scan=0, rerank=0):
+                 client_spin_ns=200_000, timeout_ms=60_000, scan=0, rerank=0, device_shards=0, placement=0, gpus=0):
         self.lib = lib
         o = Options()
         lib.kalos_options_init(C.byref(o), C.sizeof(o))
@@ -98,6 +102,7 @@ class Store:
         o.capacity, o.slots, o.slot_bytes, o.gpu_memory_bytes = capacity, slots, slot_bytes, gpu_memory_bytes
         o.server_spin_ns, o.client_spin_ns, o.timeout_ms = server_spin_ns, client_spin_ns, timeout_ms
         o.scan, o.rerank = scan, rerank
+        o.device_shards, o.placement, o.gpus = device_shards, placement, gpus
         o.max_payload_bytes = min(o.max_payload_bytes, slot_bytes // 2)
         h = C.c_void_p()
         self._check(lib.kalos_open(name.encode(), C.byref(o), C.byref(h)))

@@ -3,7 +3,7 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi|filter|int8]...
+# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi|filter|int8|shards]...
 # (default: all but breakdown, concurrency and multi). Logs go to $OUT.
 # doctor: kalosd doctor, a compile of every kernel variant with the machine's own NVRTC
 # (kalosd doctor --compile), and kalosd serve --backend cuda answering a recall.
@@ -18,6 +18,8 @@
 # torch mask-then-topk beside them, and the engine's filtered-search phases (FB_ARGS).
 # int8: int8_bench.py, the int8 scan against the exact scan and torch at 1M x 768 f16 (INT8_ARGS);
 # with embed/ staged (tests/quality/make_bundle.py), real-embedding recall through the GPU too.
+# shards: shards_bench.py, device shards: 1M x 768 f16 on one GPU, in 2 shards on it, and G x 1M
+# over the host's G GPUs (G >= 2), torch on one and on G GPUs beside them (SHB_* settings).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
@@ -37,7 +39,7 @@ cd "$HERE"
 head -3 "$OUT/env.txt"
 RC=0
 D_RES="not run"; C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"; N_RES="not run"; M_RES="not run"
-F_RES="not run"; I_RES="not run"
+F_RES="not run"; I_RES="not run"; S_RES="not run"
 if [[ " $WHAT " == *" doctor "* ]]; then
   ./kalosd doctor --compile > "$OUT/doctor.log" 2>&1; r=$?
   grep -vE "^FAIL|^ " "$OUT/doctor.log" | head -12
@@ -117,6 +119,11 @@ if [[ " $WHAT " == *" int8 "* ]]; then
   grep -E "^(\||int8 bench)|Error|Traceback" "$OUT/int8_bench.log" | cut -c1-300
   I_RES="rc=$r"; [ $r -ne 0 ] && RC=1
 fi
+if [[ " $WHAT " == *" shards "* ]]; then
+  timeout ${T_SHARDS:-420} python3 shards_bench.py > "$OUT/shards_bench.log" 2>&1; r=$?
+  tail -8 "$OUT/shards_bench.log" | cut -c1-300
+  S_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
 echo "== summary =="
 echo "doctor:      $D_RES"
 echo "correctness: $C_RES"
@@ -127,4 +134,5 @@ echo "concurrency: $N_RES"
 echo "multi:       $M_RES"
 echo "filter:      $F_RES"
 echo "int8:        $I_RES"
+echo "shards:      $S_RES"
 exit $RC

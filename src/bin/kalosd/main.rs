@@ -97,9 +97,13 @@ struct ServeArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=kalos::config::MAX_RERANK as i64))]
     rerank: u32,
     /// Split the table into N shards, each with its own engine and thread, scanned in parallel
-    /// and merged exactly (0 = one table; CPU engine)
+    /// and merged exactly (0 = one table, or one per GPU of --gpus)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=kalos::config::MAX_DEVICE_SHARDS as i64))]
     device_shards: u32,
+    /// GPUs of a CUDA store: all, or a list of device ordinals (e.g. 0,1); more than one
+    /// shards the table over them (default: device 0)
+    #[arg(long, value_parser = parse_gpus)]
+    gpus: Option<u64>,
     /// Shard placement: id (balanced) or namespace (namespace-scoped recalls scan only the
     /// shards that hold those namespaces)
     #[arg(long, default_value = "id", value_parser = parse_placement)]
@@ -205,6 +209,19 @@ fn parse_dtype(s: &str) -> std::result::Result<Dtype, String> {
 }
 fn parse_scan(s: &str) -> std::result::Result<Scan, String> {
     Scan::parse(s).map_err(|e| e.message)
+}
+fn parse_gpus(s: &str) -> std::result::Result<u64, String> {
+    if s == "all" {
+        return Ok(kalos::config::GPUS_ALL);
+    }
+    let mut mask = 0u64;
+    for part in s.split(',') {
+        match part.trim().parse::<u32>() {
+            Ok(d) if d < 64 => mask |= 1 << d,
+            _ => return Err(format!("expected all or device ordinals 0-63 separated by commas, got {part:?}")),
+        }
+    }
+    Ok(mask)
 }
 fn parse_placement(s: &str) -> std::result::Result<Placement, String> {
     Placement::parse(s).map_err(|e| e.message)
@@ -440,6 +457,7 @@ fn serve(a: &ServeArgs) {
         rerank: a.rerank,
         device_shards: a.device_shards,
         placement: a.placement,
+        gpus: a.gpus.unwrap_or(0),
         sync: a.sync,
         capacity: a.capacity,
         slots: a.slots,

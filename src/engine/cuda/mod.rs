@@ -241,7 +241,41 @@ pub fn libraries_present() -> bool {
 }
 
 /// Checks that a usable GPU is present: libraries load and at least one device answers.
+/// Returns device 0's compute capability and name.
 pub fn probe() -> Result<(i32, i32, String)> {
+    probe_device(0)
+}
+
+/// CUDA devices present (0 when the driver or the libraries are missing).
+pub fn device_count() -> usize {
+    if !libraries_present() {
+        return 0;
+    }
+    catch_unwind(|| {
+        // SAFETY: the driver library is loaded (checked above); cuInit takes no pointers.
+        if unsafe { sys::cuInit(0) } != sys::CUresult::CUDA_SUCCESS {
+            return 0;
+        }
+        let mut n = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        if unsafe { sys::cuDeviceGetCount(&mut n) } != sys::CUresult::CUDA_SUCCESS {
+            return 0;
+        }
+        n.max(0) as usize
+    })
+    .unwrap_or(0)
+}
+
+/// Free memory of device `ordinal`, in bytes (creates its primary context on this thread).
+pub fn device_free_memory(ordinal: i32) -> Result<usize> {
+    probe_device(ordinal)?;
+    let ctx = CudaContext::new(ordinal as usize).map_err(|e| Error::new(Status::BackendUnavailable, format!("CUDA context: {e:?}")))?;
+    let (free, _total) = ctx.mem_get_info().map_err(|e| Error::new(Status::Cuda, format!("{e:?}")))?;
+    Ok(free)
+}
+
+/// [`probe`] for device `ordinal`: its compute capability and name, or why it cannot serve.
+pub fn probe_device(ordinal: i32) -> Result<(i32, i32, String)> {
     if !libraries_present() {
         return Err(Error::new(
             Status::BackendUnavailable,
@@ -274,9 +308,12 @@ pub fn probe() -> Result<(i32, i32, String)> {
         if n < 1 {
             return Err(Error::new(Status::BackendUnavailable, "no CUDA device found"));
         }
+        if ordinal < 0 || ordinal >= n {
+            return Err(Error::new(Status::BackendUnavailable, format!("no CUDA device {ordinal} (this host has {n})")));
+        }
         let mut dev = 0;
-        // SAFETY: ordinal 0 < the device count; `dev` is a valid out-pointer.
-        ck("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, 0) })?;
+        // SAFETY: 0 <= ordinal < the device count; `dev` is a valid out-pointer.
+        ck("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
         let attr = |a| {
             let mut v = 0;
             // SAFETY: `dev` is a device handle the driver gave; `v` is a valid out-pointer.
@@ -324,14 +361,20 @@ pub fn create_auto(opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
 }
 
 fn create_with(opts: &Options, store: &Store, hybrid: bool) -> Result<Box<dyn Engine>> {
-    let cc = probe()?;
+    create_on(opts, store, 0, hybrid)
+}
+
+/// The CUDA engine on device `ordinal`, created on the calling thread (a device shard's thread:
+/// `engine::shard`); `hybrid` as in [`create_auto`].
+pub fn create_on(opts: &Options, store: &Store, ordinal: i32, hybrid: bool) -> Result<Box<dyn Engine>> {
+    let cc = probe_device(ordinal)?;
     if store.dim() > MAX_GPU_DIM {
         return Err(Error::new(
             Status::BackendUnavailable,
             format!("the CUDA engine supports dim <= {MAX_GPU_DIM}; this store has {}", store.dim()),
         ));
     }
-    match catch_unwind(AssertUnwindSafe(|| CudaEngine::new(opts, store, cc, hybrid))) {
+    match catch_unwind(AssertUnwindSafe(|| CudaEngine::new(opts, store, cc, hybrid, ordinal))) {
         Ok(Ok(e)) => Ok(Box::new(e)),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(Error::new(Status::BackendUnavailable, "the CUDA engine failed to start (a CUDA library function is missing)")),
@@ -343,7 +386,7 @@ fn create_with(opts: &Options, store: &Store, hybrid: bool) -> Result<Box<dyn En
 #[doc(hidden)]
 pub fn create_engine(opts: &Options, store: &Store) -> Result<CudaEngine> {
     let cc = probe()?;
-    match catch_unwind(AssertUnwindSafe(|| CudaEngine::new(opts, store, cc, false))) {
+    match catch_unwind(AssertUnwindSafe(|| CudaEngine::new(opts, store, cc, false, 0))) {
         Ok(r) => r,
         Err(_) => Err(Error::new(Status::BackendUnavailable, "the CUDA engine failed to start (a CUDA library function is missing)")),
     }
@@ -412,18 +455,18 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
-    fn new(opts: &Options, store: &Store, cc: (i32, i32, String), hybrid: bool) -> Result<CudaEngine> {
+    fn new(opts: &Options, store: &Store, cc: (i32, i32, String), hybrid: bool, ordinal: i32) -> Result<CudaEngine> {
         // Spin while waiting for the GPU: the server thread is a polling thread anyway, and a
         // blocking wait adds tens of microseconds per request.
         // SAFETY: the driver is initialised (probe ran cuInit); `dev` is a valid out-pointer; the
         // flags are set before the primary context is created below.
         unsafe {
             let mut dev = 0;
-            if sys::cuDeviceGet(&mut dev, 0) == sys::CUresult::CUDA_SUCCESS {
+            if sys::cuDeviceGet(&mut dev, ordinal) == sys::CUresult::CUDA_SUCCESS {
                 sys::cuDevicePrimaryCtxSetFlags_v2(dev, sys::CUctx_flags::CU_CTX_SCHED_SPIN as u32);
             }
         }
-        let ctx = CudaContext::new(0).map_err(|e| Error::new(Status::BackendUnavailable, format!("CUDA context: {e:?}")))?;
+        let ctx = CudaContext::new(ordinal as usize).map_err(|e| Error::new(Status::BackendUnavailable, format!("CUDA context: {e:?}")))?;
         ctx.bind_to_thread().map_err(|e| Error::new(Status::Cuda, format!("bind context: {e:?}")))?;
         // SAFETY: the engine creates no CudaSlice (its memory is DevBuf / HostBuf through the
         // driver API, ordered on its own streams), so no cudarc allocation relies on tracking.

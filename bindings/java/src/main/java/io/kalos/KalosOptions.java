@@ -81,6 +81,7 @@ public final class KalosOptions {
     final int rerank;
     final int deviceShards;
     final boolean placementNamespace;
+    final long gpus;
 
     private KalosOptions(Builder b) {
         role = b.role;
@@ -107,6 +108,7 @@ public final class KalosOptions {
         rerank = b.rerank;
         deviceShards = b.deviceShards;
         placementNamespace = b.placementNamespace;
+        gpus = b.gpus;
     }
 
     /** A builder with the library defaults. */
@@ -124,13 +126,13 @@ public final class KalosOptions {
     public Metric metric() { return metric; }
     public long timeoutMs() { return timeoutMs; }
 
-    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 23 entries, in this order). */
+    /** The layout {@code src/ffi/jni.rs} expects (OPT_LEN = 24 entries, in this order). */
     long[] toNative() {
         return new long[] {
             role.code, dim, metric.code, dtype.code, backend.code, capacity, slots, slotBytes, mode,
             maxPayloadBytes, clientSpinNs, serverSpinNs, timeoutMs, heartbeatTimeoutMs, sync.code,
             syncIntervalMs, threads, gpuMemoryBytes, ephemeral ? 1 : 0, scanInt8 ? 1 : 0, rerank,
-            deviceShards, placementNamespace ? 1 : 0,
+            deviceShards, placementNamespace ? 1 : 0, gpus,
         };
     }
 
@@ -160,6 +162,7 @@ public final class KalosOptions {
         private int rerank = 0;
         private int deviceShards = 0;
         private boolean placementNamespace = false;
+        private long gpus = 0;
 
         private Builder() {}
 
@@ -228,6 +231,11 @@ public final class KalosOptions {
          * shards holding those namespaces) instead of by a hash of their id (the default: balanced shards).
          */
         public Builder placementByNamespace(boolean v) { placementNamespace = v; return this; }
+        /**
+         * The GPUs of a CUDA store as a bit mask of device ordinals (bit i = device i; -1 = every device; 0 = device 0
+         * alone). More than one device shards the table over them.
+         */
+        public Builder gpus(long mask) { gpus = mask; return this; }
 
         public KalosOptions build() {
             return new KalosOptions(this);
