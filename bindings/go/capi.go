@@ -262,6 +262,8 @@ const (
 	MaxK = C.KALOS_MAX_K
 	// MaxFilterNamespaces is the largest number of namespaces in one recall filter.
 	MaxFilterNamespaces = C.KALOS_MAX_FILTER_NAMESPACES
+	// MaxDeviceShards is the largest Options.DeviceShards.
+	MaxDeviceShards = C.KALOS_MAX_DEVICE_SHARDS
 	// noPayload marks "no payload" in a payload length array.
 	noPayload = uint32(C.KALOS_NO_PAYLOAD)
 	// The recall consistency flags (kalos_recall_params.consistency).
@@ -442,6 +444,8 @@ func (o *Options) fill(c *C.kalos_options) {
 		c.scan = C.KALOS_SCAN_INT8
 	}
 	c.rerank = C.uint32_t(o.Rerank)
+	c.device_shards = C.uint32_t(o.DeviceShards)
+	c.placement = C.uint32_t(o.Placement)
 }
 
 func cClose(h cHandle) { C.kgo_close(h) }

@@ -56,7 +56,7 @@ func Open(name string, opts Options) (*Client, error) {
 		name string
 		v    int
 	}{{"Dim", opts.Dim}, {"Slots", opts.Slots}, {"SlotBytes", opts.SlotBytes},
-		{"MaxPayloadBytes", opts.MaxPayloadBytes}, {"Threads", opts.Threads}} {
+		{"MaxPayloadBytes", opts.MaxPayloadBytes}, {"Threads", opts.Threads}, {"DeviceShards", opts.DeviceShards}} {
 		if f.v < 0 || f.v > math.MaxUint32 {
 			return nil, newError("open", StatusInvalidArgument, fmt.Sprintf("Options.%s = %d is out of range", f.name, f.v))
 		}

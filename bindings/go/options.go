@@ -2,6 +2,7 @@ package kalos
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -76,6 +77,30 @@ const (
 	SyncNever         // never fsync (the OS decides)
 )
 
+// Placement says how a sharded store (Options.DeviceShards > 1) assigns memories to its
+// shards.
+type Placement uint32
+
+const (
+	// PlacementID places a memory by a hash of its id (the default): the shards stay balanced
+	// and every recall scans every shard.
+	PlacementID Placement = 0
+	// PlacementNamespace places a memory by a hash of its namespace: a recall scoped to
+	// namespaces scans only the shards that hold them, but one large namespace fills its
+	// shard alone.
+	PlacementNamespace Placement = 1
+)
+
+func (p Placement) String() string {
+	switch p {
+	case PlacementID:
+		return "id"
+	case PlacementNamespace:
+		return "namespace"
+	}
+	return fmt.Sprintf("Placement(%d)", uint32(p))
+}
+
 // Options configure Open. Every zero field takes the library's default, so
 // Options{Role: RoleClient} attaches to a running server with default deadlines.
 type Options struct {
@@ -130,6 +155,15 @@ type Options struct {
 	ScanInt8 bool
 	// Rerank is the int8 scan's candidate count per query (default 0 = max(8k, 64)).
 	Rerank uint32
+	// DeviceShards splits the table into this many shards (default 0 = one table; at most
+	// MaxDeviceShards), each with its own engine on its own server thread; a recall scans
+	// the shards in parallel and merges their top-k, so a sharded store answers exactly like
+	// an unsharded one. Sharded stores run on the CPU engine: BackendCUDA with more than one
+	// shard fails with ErrInvalidArgument, as does a value above MaxDeviceShards.
+	// Stats.EngineName starts with "shards<N>x[".
+	DeviceShards int
+	// Placement assigns memories to shards when DeviceShards > 1 (default PlacementID).
+	Placement Placement
 }
 
 // Stats are a server's statistics.

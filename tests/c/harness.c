@@ -861,6 +861,172 @@ static void test_list(void) {
     kalos_close(h);
 }
 
+/* ---- 9. device shards: a sharded store answers exactly like an unsharded one ----
+ * Both stores get the same writes (upserts in random namespaces, a tenth replaced with new vectors
+ * and namespaces, deletes by id and by namespace); every recall, single and batched, with and
+ * without a namespace filter, must give the same ids and bit-identical scores. The vectors hold
+ * small integers, so every ip and l2 score is exact in float whatever the summation order, and
+ * ties (broken by the lower id) are common. */
+#define SH_DIM 16
+#define SH_ROWS 4000
+#define SH_NS 12
+#define SH_K 50
+#define SH_NQ 24
+
+static void int_vectors(float *v, size_t n) {
+    for (size_t i = 0; i < n * SH_DIM; i++) v[i] = (float)(int)(rnd() % 7) - 3.0f;
+}
+
+static int engine_is_sharded(kalos_handle *h, const char *prefix) {
+    kalos_stats_info si;
+    memset(&si, 0, sizeof si);
+    si.struct_size = sizeof si;
+    if (kalos_stats(h, &si) != KALOS_OK) return -1;
+    return strncmp(si.engine_name, prefix, strlen(prefix)) == 0;
+}
+
+/* Both stores' answers to one request; returns 1 when they are identical. */
+static int same_batch(kalos_handle *a, kalos_handle *b, const float *qs, size_t nq, uint32_t k,
+                      const kalos_recall_params *p, size_t *hits) {
+    static uint64_t ia[SH_NQ * SH_K], ib[SH_NQ * SH_K];
+    static float sa[SH_NQ * SH_K], sb[SH_NQ * SH_K];
+    size_t ca[SH_NQ], cb[SH_NQ];
+    memset(ia, 0, sizeof ia);
+    memset(ib, 0, sizeof ib);
+    memset(sa, 0, sizeof sa);
+    memset(sb, 0, sizeof sb);
+    if (nq == 1) {
+        if (kalos_recall(a, qs, SH_DIM, k, p, ia, k, sa, k, &ca[0]) != KALOS_OK) return 0;
+        if (kalos_recall(b, qs, SH_DIM, k, p, ib, k, sb, k, &cb[0]) != KALOS_OK) return 0;
+    } else {
+        if (kalos_recall_batch(a, qs, nq * SH_DIM, nq, k, p, ia, nq * k, sa, nq * k, ca, nq) != KALOS_OK) return 0;
+        if (kalos_recall_batch(b, qs, nq * SH_DIM, nq, k, p, ib, nq * k, sb, nq * k, cb, nq) != KALOS_OK) return 0;
+    }
+    for (size_t i = 0; i < nq; i++) {
+        if (ca[i] != cb[i]) return 0;
+        if (memcmp(ia + i * k, ib + i * k, ca[i] * sizeof *ia) != 0) return 0;
+        if (memcmp(sa + i * k, sb + i * k, ca[i] * sizeof *sa) != 0) return 0;
+        *hits += ca[i];
+    }
+    return 1;
+}
+
+static void test_device_shards(void) {
+    static uint64_t ids[SH_ROWS], ns[SH_ROWS], again_ns[SH_ROWS / 10], gone[300];
+    static float vecs[SH_ROWS * SH_DIM], again_vecs[SH_ROWS / 10 * SH_DIM], qs[SH_NQ * SH_DIM];
+    for (uint32_t placement = KALOS_PLACEMENT_ID; placement <= KALOS_PLACEMENT_NAMESPACE; placement++) {
+        char sname[64], pname[64];
+        snprintf(sname, sizeof sname, "charness-shards-%u-%d", placement, (int)getpid());
+        snprintf(pname, sizeof pname, "charness-plain-%u-%d", placement, (int)getpid());
+        kalos_options o;
+        opts_default(&o, KALOS_ROLE_SERVER, SH_DIM);
+        o.backend = KALOS_BACKEND_CPU;
+        o.metric = placement == KALOS_PLACEMENT_ID ? KALOS_METRIC_IP : KALOS_METRIC_L2;
+        o.capacity = 20000;
+        kalos_handle *plain = NULL, *sharded = NULL;
+        CHECK_STATUS(kalos_open(pname, &o, &plain), KALOS_OK);
+        o.device_shards = 3;
+        o.placement = placement;
+        CHECK_STATUS(kalos_open(sname, &o, &sharded), KALOS_OK);
+        if (!plain || !sharded) {
+            kalos_close(plain);
+            kalos_close(sharded);
+            return;
+        }
+        CHECK(engine_is_sharded(sharded, "shards3x[") == 1, "sharded engine name (placement %u)", placement);
+        CHECK(engine_is_sharded(plain, "shards") == 0, "unsharded engine name");
+
+        for (size_t i = 0; i < SH_ROWS; i++) {
+            ids[i] = (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull; /* distinct: an odd multiplier */
+            ns[i] = rnd() % SH_NS;
+        }
+        int_vectors(vecs, SH_ROWS);
+        for (size_t i = 0; i < SH_ROWS / 10; i++) again_ns[i] = rnd() % SH_NS;
+        int_vectors(again_vecs, SH_ROWS / 10);
+        for (size_t i = 0; i < 300; i++) gone[i] = ids[SH_ROWS - 1 - i * 7];
+        kalos_handle *both[2] = {plain, sharded};
+        uint64_t live[2] = {0, 0};
+        for (int s = 0; s < 2; s++) {
+            kalos_upsert_params up;
+            kalos_upsert_params_init(&up, sizeof up);
+            up.namespaces = ns;
+            up.namespaces_len = SH_ROWS;
+            CHECK_STATUS(kalos_upsert(both[s], ids, SH_ROWS, vecs, SH_ROWS * SH_DIM, &up), KALOS_OK);
+            up.namespaces = again_ns;
+            up.namespaces_len = SH_ROWS / 10;
+            CHECK_STATUS(kalos_upsert(both[s], ids, SH_ROWS / 10, again_vecs, SH_ROWS / 10 * SH_DIM, &up), KALOS_OK);
+            CHECK_STATUS(kalos_delete(both[s], gone, 300, NULL), KALOS_OK);
+            CHECK_STATUS(kalos_delete_namespace(both[s], 5, NULL), KALOS_OK);
+            kalos_stats_info si;
+            memset(&si, 0, sizeof si);
+            si.struct_size = sizeof si;
+            CHECK_STATUS(kalos_stats(both[s], &si), KALOS_OK);
+            live[s] = si.count;
+        }
+        CHECK(live[0] == live[1] && live[0] > SH_ROWS / 2, "live counts %llu and %llu", (unsigned long long)live[0],
+              (unsigned long long)live[1]);
+
+        int bad = 0;
+        size_t hits = 0;
+        for (int t = 0; t < 300 && !bad; t++) {
+            size_t nq = t % 4 == 0 ? 2 + rnd() % (SH_NQ - 1) : 1;
+            uint32_t k = 1 + (uint32_t)(rnd() % SH_K);
+            int_vectors(qs, nq);
+            uint64_t nss[3];
+            kalos_recall_params p;
+            kalos_recall_params_init(&p, sizeof p);
+            if (rnd() % 5 >= 2) {
+                p.namespaces_len = 1 + rnd() % 3;
+                for (size_t i = 0; i < p.namespaces_len; i++) nss[i] = rnd() % (SH_NS + 2);
+                p.namespaces = nss;
+            }
+            if (!same_batch(sharded, plain, qs, nq, k, &p, &hits)) {
+                bad = 1;
+                CHECK(0, "placement %u, request %d (nq %zu, k %u, %zu namespaces): sharded and unsharded differ", placement,
+                      t, nq, k, p.namespaces_len);
+            }
+        }
+        CHECK(bad || hits > 300, "placement %u: %zu hits in all", placement, hits);
+        kalos_close(sharded);
+        kalos_close(plain);
+    }
+
+    /* Bad options: too many shards, an unknown placement, the CUDA backend; no handle. */
+    char name[64];
+    snprintf(name, sizeof name, "charness-shards-bad-%d", (int)getpid());
+    kalos_options o;
+    opts_default(&o, KALOS_ROLE_SERVER, 4);
+    o.backend = KALOS_BACKEND_CPU;
+    kalos_handle *h = NULL;
+    o.device_shards = KALOS_MAX_DEVICE_SHARDS + 1;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_INVALID_ARGUMENT);
+    CHECK(strstr(kalos_last_error(), "device_shards = 65") != NULL, "65 shards: %s", kalos_last_error());
+    o.device_shards = 2;
+    o.placement = 7;
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_INVALID_ARGUMENT);
+    o.placement = KALOS_PLACEMENT_ID;
+    o.backend = KALOS_BACKEND_CUDA;
+    /* A sharded CUDA store: one CUDA engine a shard where there is a GPU, else a clear error. */
+    kalos_status_code st = kalos_open(name, &o, &h);
+    if (st == KALOS_OK) {
+        CHECK(engine_is_sharded(h, "shards2x[cuda") == 1, "a sharded CUDA store without CUDA shards");
+        kalos_close(h);
+        h = NULL;
+    } else {
+        CHECK(st == KALOS_BACKEND_UNAVAILABLE, "sharded CUDA store: status %d (%s)", (int)st, kalos_last_error());
+        CHECK(h == NULL, "a failed open wrote a handle");
+    }
+    /* A caller built before device_shards (struct_size ends before it) gets one table. */
+    o.backend = KALOS_BACKEND_CPU;
+    o.device_shards = KALOS_MAX_DEVICE_SHARDS + 1;
+    o.struct_size = offsetof(kalos_options, device_shards);
+    CHECK_STATUS(kalos_open(name, &o, &h), KALOS_OK);
+    if (h) {
+        CHECK(engine_is_sharded(h, "shards") == 0, "an older options struct opened a sharded store");
+        kalos_close(h);
+    }
+}
+
 int main(void) {
     const char *seed = getenv("KALOS_SEED");
     g_rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
@@ -872,6 +1038,7 @@ int main(void) {
     test_older_layouts();
     test_stats_ops();
     test_list();
+    test_device_shards();
     test_cluster_api();
     test_server_closed();
     test_server_killed();

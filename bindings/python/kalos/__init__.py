@@ -93,6 +93,7 @@ _SYNCS = {"always": _ffi.KALOS_SYNC_ALWAYS, "interval": _ffi.KALOS_SYNC_INTERVAL
 _METRIC_NAMES = {v: k for k, v in _METRICS.items()}
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 _SCANS = {"exact": _ffi.KALOS_SCAN_EXACT, "int8": _ffi.KALOS_SCAN_INT8}
+_PLACEMENTS = {"id": _ffi.KALOS_PLACEMENT_ID, "namespace": _ffi.KALOS_PLACEMENT_NAMESPACE}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 
 ArrayLike = Any  # numpy.typing.ArrayLike without importing numpy.typing at run time
@@ -1150,6 +1151,8 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     ephemeral: bool = False,
     scan: Union[str, int] = "exact",
     rerank: Optional[int] = None,
+    device_shards: int = 0,
+    placement: Union[str, int] = "id",
 ) -> Kalos:
     """Opens (or creates) the store ``name`` and returns a :class:`Kalos` handle.
 
@@ -1178,6 +1181,15 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
             stay exact; ``stats()["rerank_uncertain"]`` counts answers that may have missed a
             true neighbour).
         rerank: candidates re-scored per query with ``scan="int8"`` (default: max(8k, 64)).
+        device_shards: split the table into this many shards (default 0 = one table; at most
+            64), each with its own engine on its own server thread; a recall scans the shards
+            in parallel and merges their top-k, so answers are the same as unsharded ones.
+            Sharded stores run on the CPU engine (``backend="cuda"`` with more than one shard
+            raises :class:`InvalidArgumentError`, as does more than 64); ``stats()["engine_name"]``
+            starts with ``"shards<N>x["``.
+        placement: how a sharded store assigns memories to shards: ``"id"`` (default: a hash
+            of the id, balanced shards) or ``"namespace"`` (a hash of the namespace: a recall
+            scoped to namespaces scans only the shards that hold them).
         max_payload_bytes, slots, slot_bytes, mode, threads, client_spin_ns, server_spin_ns,
         heartbeat_timeout (s), gpu_memory_bytes: see ``kalos_options`` in ``kalos.h``.
 
@@ -1197,6 +1209,10 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     o.dtype = _enum(dtype, _DTYPES, "dtype")
     o.backend = _enum(backend, _BACKENDS, "backend")
     o.scan = _enum(scan, _SCANS, "scan")
+    o.placement = _enum(placement, _PLACEMENTS, "placement")
+    if not 0 <= device_shards < 2**32:
+        raise ValueError(f"device_shards must be a non-negative int, got {device_shards!r}")
+    o.device_shards = device_shards
     o.sync_policy = _enum(sync, _SYNCS, "sync")
     for field, val in (
         ("capacity", capacity),

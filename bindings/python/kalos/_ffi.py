@@ -82,6 +82,9 @@ KALOS_SCAN_INT8 = 1
 KALOS_RECALL_READ_YOUR_WRITES = 1
 KALOS_RECALL_ALLOW_STALE = 2
 KALOS_MAX_RERANK = 65536
+KALOS_PLACEMENT_ID = 0
+KALOS_PLACEMENT_NAMESPACE = 1
+KALOS_MAX_DEVICE_SHARDS = 64
 
 #: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
 STATUS_CODES = {
@@ -145,6 +148,8 @@ class kalos_options(Structure):
         ("ephemeral", c_uint32),
         ("scan", c_uint32),
         ("rerank", c_uint32),
+        ("device_shards", c_uint32),
+        ("placement", c_uint32),
     ]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +32,35 @@ def name(request) -> str:
 def kv(name):
     with kalos.open(name, dim=16, role="server", timeout=5) as h:
         yield h
+
+
+def require(what: str, path, test: str, hint: str = "") -> str:
+    """``path`` as a str; without it, skips ``test`` because ``what`` is missing, or fails it
+    under CI (``CI`` set), which installs every tool the tests use (``hint`` says how)."""
+    if path:
+        return str(path)
+    msg = f"{test}: {what} not found"
+    if os.environ.get("CI"):
+        pytest.fail(msg + (f" ({hint})" if hint else ""))
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def go_peer(tmp_path_factory):
+    """The argv of bindings/go/testdata/clusterpeer, built here with ``go build`` against this
+    library: the Go writer and reader of the cross-language tests."""
+    go = require("go", shutil.which("go"), "cross-language test")
+    out = tmp_path_factory.mktemp("gopeer")
+    lib = Path(kalos.library_path).resolve()
+    # The Go package takes its cgo flags from pkg-config: a kalos.pc for include/ and this library.
+    pc = subprocess.run([str(REPO / "bindings/go/gen-pc.sh"), str(REPO / "include"), str(lib.parent)],
+                        check=True, capture_output=True, text=True).stdout
+    (out / "kalos.pc").write_text(pc)
+    env = dict(os.environ, PKG_CONFIG_PATH=str(out), CGO_ENABLED="1", GOTOOLCHAIN="local")
+    r = subprocess.run([go, "build", "-o", str(out / "clusterpeer"), "./testdata/clusterpeer"],
+                       cwd=REPO / "bindings/go", env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"go build of the Go peer failed:\n{r.stdout}{r.stderr}"
+    return [str(out / "clusterpeer")]
 
 
 def kalosd_path() -> Path:

@@ -2,8 +2,8 @@
 3 kalosd on this machine, as tests/cluster.rs starts them, each kalosd holding 2 of 3 shards.
 A writer in one language writes through one host; a reader in another language reads through
 another host with the writer's write token as ``min_seqs`` and must get the write at once.
-The peers are Python (this process), Go (bindings/go/testdata/clusterpeer, built here with
-``go build``) and Java (bindings/java's ClusterPeer, compiled here with ``javac``).
+The peers are Python (this process), Go (bindings/go/testdata/clusterpeer, built by conftest's
+``go_peer`` with ``go build``) and Java (bindings/java's ClusterPeer, compiled here with ``javac``).
 
 Needs nats-server v2.15.3 (``go install github.com/nats-io/nats-server/v2@v2.15.3``: on PATH,
 in ``$(go env GOPATH)/bin``, or named by ``KALOS_NATS_SERVER``), Go and a JDK. Without them the
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import kalos
-from conftest import REPO, kalosd_path
+from conftest import REPO, kalosd_path, require
 
 DIM = 8
 SHARDS = 3
@@ -57,12 +57,7 @@ def csv(v) -> str:
 
 
 def _require(what: str, path) -> str:
-    if path:
-        return str(path)
-    msg = f"cross-language cluster test: {what} not found"
-    if os.environ.get("CI"):
-        pytest.fail(msg + " (CI runs it: scripts/test.sh installs nats-server)")
-    pytest.skip(msg)
+    return require(what, path, "cross-language cluster test", "CI runs it: scripts/test.sh installs nats-server")
 
 
 def _nats_server():
@@ -96,31 +91,24 @@ def _stop(procs) -> None:
 
 
 @pytest.fixture(scope="module")
-def peers(tmp_path_factory):
+def peers(request, tmp_path_factory):
     """Builds the Go and Java peers (in parallel); yields {"go": argv, "java": argv}."""
     nats = _require("nats-server v2.15.3 (go install github.com/nats-io/nats-server/v2@v2.15.3)", _nats_server())
-    go = _require("go", shutil.which("go"))
+    _require("go", shutil.which("go"))
     javac = _require("javac (a JDK)", shutil.which("javac"))
     java = _require("java", shutil.which("java"))
     out = tmp_path_factory.mktemp("peers")
     lib = Path(kalos.library_path).resolve()
-    # The Go package takes its cgo flags from pkg-config: a kalos.pc for include/ and this library.
-    pc = subprocess.run([str(REPO / "bindings/go/gen-pc.sh"), str(REPO / "include"), str(lib.parent)],
-                        check=True, capture_output=True, text=True).stdout
-    (out / "kalos.pc").write_text(pc)
-    env = dict(os.environ, PKG_CONFIG_PATH=str(out), CGO_ENABLED="1", GOTOOLCHAIN="local")
-    go_build = subprocess.Popen([go, "build", "-o", str(out / "clusterpeer"), "./testdata/clusterpeer"],
-                                cwd=REPO / "bindings/go", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jsrc = REPO / "bindings/java/src"
     sources = sorted(str(p) for p in (jsrc / "main/java/io/kalos").glob("*.java"))
     javac_p = subprocess.Popen([javac, "-d", str(out / "classes"), *sources, str(jsrc / "test/java/io/kalos/ClusterPeer.java")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for what, p in (("go build", go_build), ("javac", javac_p)):
-        log = p.communicate(timeout=300)[0]
-        assert p.returncode == 0, f"{what} of the cluster peer failed:\n{log}"
+    go = request.getfixturevalue("go_peer")
+    log = javac_p.communicate(timeout=300)[0]
+    assert javac_p.returncode == 0, f"javac of the cluster peer failed:\n{log}"
     yield {
         "nats": nats,
-        "go": [str(out / "clusterpeer")],
+        "go": go,
         "java": [java, f"-Dkalos.library={lib}", "-cp", str(out / "classes"), "io.kalos.ClusterPeer"],
     }
 

@@ -222,13 +222,18 @@ public final class KalosOptions {
         /** Candidates re-scored per query by the int8 scan (0 = max(8k, 64); at most 65536). */
         public Builder rerank(int v) { rerank = v; return this; }
         /**
-         * Shards the table is split into (0 = one table; at most 64): each shard has its own engine on its own
-         * server thread, a recall scans them in parallel and merges their top-k exactly. Runs on the CPU engine.
+         * Shards the table is split into (default 0 = one table; at most 64): each shard has its own engine on its
+         * own server thread, a recall scans them in parallel and merges their top-k exactly, so a sharded store
+         * answers like an unsharded one. Sharded stores run on the CPU engine: {@link Backend#CUDA} with more than one
+         * shard, and more than 64 shards, fail {@link Kalos#open} with {@link InvalidArgumentException}.
+         * {@link Stats#engineName} of a sharded store starts with {@code "shards<N>x["}.
          */
         public Builder deviceShards(int v) { deviceShards = v; return this; }
         /**
-         * Place memories on shards by a hash of their namespace (a namespace-scoped recall then scans only the
-         * shards holding those namespaces) instead of by a hash of their id (the default: balanced shards).
+         * With {@link #deviceShards(int)} above 1: place memories on shards by a hash of their namespace (a
+         * namespace-scoped recall then scans only the shards holding those namespaces; one large namespace fills its
+         * shard alone) instead of by a hash of their id (the default, false: balanced shards, every recall scans every
+         * shard).
          */
         public Builder placementByNamespace(boolean v) { placementNamespace = v; return this; }
         /**

@@ -77,5 +77,9 @@ class HeaderTest {
             assertEquals(d.get("SYNC_" + x.name()), Long.valueOf(x.code), x.toString());
         }
         assertEquals(1024L, d.get("MAX_K"));
+        // KalosOptions.toNative writes placementByNamespace as these values.
+        assertEquals(0L, d.get("PLACEMENT_ID"));
+        assertEquals(1L, d.get("PLACEMENT_NAMESPACE"));
+        assertEquals(64L, d.get("MAX_DEVICE_SHARDS"));
     }
 }
