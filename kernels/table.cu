@@ -147,16 +147,23 @@ extern "C" __global__ void col_scatter(const u32* __restrict__ rows, const u64* 
 }
 
 // The rows of a very selective filter (filter_eval's list, min(count, cap) of them) gathered
-// into a compact table, which the single-query kernel then scans: each row's nv16 16-byte
-// vectors and its columns.
+// into a compact table of `cap` rows, which the single-query kernel then scans: each row's nv16
+// 16-byte vectors and its columns, and the compact table's mask (bit j set for the j < m rows
+// gathered; the rows past them keep stale values and key 0). The count is read here, on the
+// device: the host sizes the grid and the scan for `cap` rows without waiting for it.
 extern "C" __global__ void gather_rows(const u32* __restrict__ list, const u32* __restrict__ count, u32 cap, u32 nv16,
                                        const uint4* __restrict__ svecs, const float* __restrict__ snorms,
                                        const u64* __restrict__ sids, const u64* __restrict__ sns,
                                        const u64* __restrict__ screated, const u64* __restrict__ sexpires, uint4* dvecs,
-                                       float* dnorms, u64* dids, u64* dns, u64* dcreated, u64* dexpires) {
+                                       float* dnorms, u64* dids, u64* dns, u64* dcreated, u64* dexpires,
+                                       u32* __restrict__ dmask) {
     const u32 m = min(*count, cap);
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t nth = (size_t)gridDim.x * blockDim.x;
+    for (size_t w = tid; w < (cap + 31u) / 32u; w += nth) {
+        const u32 j0 = (u32)w * 32u;
+        dmask[w] = m >= j0 + 32u ? 0xffffffffu : (m > j0 ? (1u << (m - j0)) - 1u : 0u);
+    }
     for (size_t i = tid; i < (size_t)m * nv16; i += nth) {
         const size_t j = i / nv16, c = i - j * nv16;
         dvecs[i] = svecs[(size_t)list[j] * nv16 + c];

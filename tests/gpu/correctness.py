@@ -883,6 +883,44 @@ def suite_filter(n=200_000, dim=64, nexpr=60):
         st.close()
 
 
+def suite_filter_drift(n=300_000, dim=16):
+    """One filter asked again and again while its count changes under it (docs/GPU.md, "Metadata
+    filters": a single query with a filter seen before is planned from the filter's last count,
+    without waiting for the new one). Each step rewrites the field so the filter matches m rows:
+    sparse (m <= n / 1000) to more rows than the compact table guessed for (scanned again with
+    the mask), to dense, back to sparse, to none, to one. Every answer must be exact."""
+    F = _filters_module()
+    st = open_store(dim, IP)
+    ref = Ref(dim, IP)
+    X = rng.standard_normal((n, dim)).astype(np.float32)
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    val = np.zeros(n, dtype=np.int64)
+
+    def put(rows):
+        for s0 in range(0, len(rows), 20_000):
+            r = rows[s0:s0 + 20_000]
+            st.upsert(ids[r], X[r], fields=F.encode_fields([{"v": int(val[i])} for i in r]))
+
+    put(np.arange(n))
+    ref.upsert(ids, X)
+    fb = F.eq("v", 1).encode()
+    steps = [("sparse", 100), ("sparse", 100), ("past-compact", 290), ("past-compact", 290), ("dense", 30_000),
+             ("dense", 30_000), ("sparse-after-dense", 5), ("none", 0), ("sparse-again", 200), ("one", 1),
+             ("dense-after-one", 3_000)]
+    for si, (sname, m) in enumerate(steps):
+        new = np.zeros(n, dtype=np.int64)
+        new[rng.choice(n, m, replace=False)] = 1
+        changed = np.nonzero(new != val)[0]
+        val = new
+        if len(changed):
+            put(changed)
+        for k in (1, 10, 100):
+            for rep in range(3):
+                q = rng.standard_normal(dim).astype(np.float32)
+                check("filter-drift/%d-%s/m=%d/k=%d/r%d" % (si, sname, m, k, rep), ref, q, st.recall(q, k, filter=fb), k, mask=val == 1)
+    st.close()
+
+
 def suite_int8(n=100_000, nq=8):
     """The int8 scan (scan = "int8"): the GPU's answers against the CPU engine's int8 scan of the
     same rows (the same candidates, re-ranked by the same code: identical ids and scores), and
@@ -991,7 +1029,7 @@ def main():
         ("gated", suite_gated),
         ("oom", suite_oom),
         ("fault", suite_fault_and_auto),
-        ("filter", suite_filter),
+        ("filter", lambda: [suite_filter(), suite_filter_drift()]),
         ("int8", suite_int8),
         ("shards", suite_shards),
     ]

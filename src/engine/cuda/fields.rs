@@ -8,15 +8,23 @@
 //! device (`gather_rows`) and scans only that; a batch takes them back to the host, where the
 //! CPU engine scores only them. A filter on a tags field has no cell form and runs wholly on
 //! the CPU engine.
+//!
+//! A single query whose filter program was seen before (same bytes, same table generation and
+//! length bucket) does not wait for the count: the plan the last count called for is enqueued
+//! behind the evaluation at once ([`Guess`]), and the count, read once the answer is in,
+//! confirms it (or shows that the compact table was too small: then the mask, already complete,
+//! answers).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
 
 use cudarc::driver::sys;
 
 use super::compile::NT;
 use super::table::TableArg;
-use super::{ck, CudaEngine, DevBuf, HostBuf};
-use crate::error::Result;
+use super::{ck, ns_since, CudaEngine, DevBuf, HostBuf};
+use crate::error::{Error, Result, Status};
 use crate::filter::program::{cell, Ins, Program};
 use crate::filter::Bitmap;
 use crate::meta::{ColumnData, FieldType};
@@ -26,6 +34,62 @@ use crate::store::Store;
 pub(super) const LIST_CAP: usize = 65536;
 /// A filter matching at most one row in this many is scored on the CPU from its row list.
 pub(super) const SPARSE_DIV: usize = 1000;
+/// Fewest rows of the compact table a predicted sparse filter is gathered and scanned for.
+const SPARSE_MIN_ROWS: usize = 256;
+/// Filter programs whose last count is remembered (the memory is cleared when it fills).
+const PLAN_MEMORY: usize = 4096;
+/// What `h_out`'s count word holds until the count's copy lands.
+const COUNT_PENDING: u32 = u32::MAX;
+
+/// Whether `m` matching rows of `n` make a sparse filter (its rows listed, not scanned for).
+pub(super) fn is_sparse(m: usize, n: usize) -> bool {
+    m <= LIST_CAP && m.saturating_mul(SPARSE_DIV) <= n
+}
+
+/// How a single query with a filter seen before goes on, from the filter's last count `last`
+/// over a table of `n` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Guess {
+    /// Not seen, or it matched nothing: evaluate and wait for the count (an empty answer needs
+    /// no scan).
+    Wait,
+    /// Dense: the masked scan, enqueued behind the evaluation.
+    Mask,
+    /// Sparse: the gather of up to this many listed rows and the compact scan of as many,
+    /// enqueued behind the evaluation (twice the last count, in powers of two).
+    Sparse(usize),
+}
+
+impl Guess {
+    pub(super) fn of(last: Option<u32>, n: usize) -> Guess {
+        match last.map(|m| m as usize) {
+            None | Some(0) => Guess::Wait,
+            Some(m) if is_sparse(m, n) => Guess::Sparse(m.saturating_mul(2).next_power_of_two().clamp(SPARSE_MIN_ROWS, LIST_CAP)),
+            Some(_) => Guess::Mask,
+        }
+    }
+}
+
+/// The key a filter program's last count is remembered by: its instructions and constants, the
+/// table's generation (bumped when the table moves) and its length's power-of-two bucket.
+fn plan_key(prog: &[u8], gen: u64, n: usize) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    prog.hash(&mut h);
+    gen.hash(&mut h);
+    n.next_power_of_two().hash(&mut h);
+    h.finish()
+}
+
+/// A filter program as `filter_eval` reads it: instructions | constants (8-aligned) | column
+/// pointers (vals, has) per column.
+pub(super) struct DevProg {
+    buf: Vec<u8>,
+    o_consts: usize,
+    o_cols: usize,
+    nins: usize,
+    /// `plan_key` of the program.
+    pub(super) key: u64,
+}
 
 struct DevCol {
     vals: DevBuf,
@@ -54,9 +118,15 @@ pub(super) struct DevFields {
     /// read back (0 when not read).
     pub(super) last_ns: [u32; 2],
     /// The compact table of a sparse filter's rows: vectors, norms, ids, namespaces, created,
-    /// expires, for `sc_cap` rows.
-    sc: [DevBuf; 6],
+    /// expires, for `sc_cap` rows, and its mask (`sc_cap` bits).
+    sc: [DevBuf; 7],
     sc_cap: usize,
+    /// Each filter program's last count, by `plan_key`.
+    counts: HashMap<u64, u32>,
+    /// The key of the evaluation enqueued last.
+    last_key: u64,
+    /// An evaluation was enqueued and its count not yet read (its copies may be in flight).
+    in_flight: bool,
 }
 
 impl DevFields {
@@ -79,14 +149,28 @@ impl DevFields {
             last_ns: [0; 2],
             sc: std::array::from_fn(|_| DevBuf::empty()),
             sc_cap: 0,
+            counts: HashMap::new(),
+            last_key: 0,
+            in_flight: false,
         }
+    }
+
+    /// How a single query with the filter program `key` goes on (see [`Guess`]).
+    pub(super) fn guess(&self, key: u64, n: usize) -> Guess {
+        Guess::of(self.counts.get(&key).copied(), n)
+    }
+
+    /// Remembers `m`, the count of the evaluation enqueued last.
+    fn remember(&mut self, m: u32) {
+        if self.counts.len() >= PLAN_MEMORY && !self.counts.contains_key(&self.last_key) {
+            self.counts.clear();
+        }
+        self.counts.insert(self.last_key, m);
     }
 }
 
 /// How a filtered search goes on.
 pub(super) enum FilterPlan {
-    /// The filter reads a tags field: the CPU engine answers.
-    Cpu,
     /// No row matches.
     Empty,
     /// Few rows match: these (before namespaces and expiry), scored on the CPU.
@@ -194,22 +278,19 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Evaluates `prog` over the table's rows on the GPU: fills the mask and decides the plan
-    /// (`list_on_host`: a sparse filter's rows come back to the host, else they stay listed on
-    /// the device).
-    pub(super) fn eval_filter(&mut self, prog: &Program, list_on_host: bool) -> Result<FilterPlan> {
-        let t0 = std::time::Instant::now();
-        self.fcols.last_ns = [0; 2];
+    /// Lays `prog` out as `filter_eval` reads it, or None when the CPU engine must answer it (a
+    /// tags field, or a mask that does not cover the table).
+    pub(super) fn filter_prog(&self, prog: &Program) -> Option<DevProg> {
         let n = self.table.len;
         if self.fcols.d_mask.bytes < n.div_ceil(32) * 4 {
-            return Ok(FilterPlan::Cpu);
+            return None;
         }
         if prog.ins.iter().any(|i| {
             i.op >= crate::filter::program::P_EXISTS
                 && i.op <= crate::filter::program::P_BOOL_SET
                 && self.fcols.cols.get(i.col as usize).is_none_or(|c| c.is_none())
         }) {
-            return Ok(FilterPlan::Cpu);
+            return None;
         }
         // prog ins | consts (8-aligned) | column pointers (vals, has) per column
         let ni = prog.ins.len();
@@ -229,28 +310,49 @@ impl CudaEngine {
             buf[o_cols + j * 16..o_cols + j * 16 + 8].copy_from_slice(&v.to_le_bytes());
             buf[o_cols + j * 16 + 8..o_cols + j * 16 + 16].copy_from_slice(&h.to_le_bytes());
         }
-        grow(&mut self.fcols.d_prog, buf.len(), "filter program")?;
+        let key = plan_key(&buf[..o_cols], self.table.gen, n);
+        Some(DevProg { buf, o_consts, o_cols, nins: ni, key })
+    }
+
+    /// Enqueues the evaluation of `dp` on the engine's stream: the program's upload, the count's
+    /// reset, `filter_eval` (the mask, the count and the row list on the device) and the count's
+    /// copy into `h_out` (where a sentinel waits until it lands). Nothing waits for it here.
+    pub(super) fn enqueue_eval(&mut self, dp: &DevProg) -> Result<()> {
+        self.fcols.last_ns = [0; 2];
+        if self.fcols.in_flight {
+            // An earlier evaluation's upload may still read h_prog (its search failed before
+            // its count was read).
+            self.sync_stream()?;
+            self.fcols.in_flight = false;
+        }
+        let n = self.table.len;
+        let len = dp.buf.len();
+        grow(&mut self.fcols.d_prog, len, "filter program")?;
         grow(&mut self.fcols.d_list, LIST_CAP * 4, "filter row list")?;
         grow(&mut self.fcols.d_count, 4, "filter count")?;
-        if self.fcols.h_prog.as_ref().is_none_or(|h| h.bytes < buf.len()) {
-            self.fcols.h_prog = Some(HostBuf::new(buf.len().next_power_of_two())?);
+        if self.fcols.h_prog.as_ref().is_none_or(|h| h.bytes < len) {
+            self.fcols.h_prog = Some(HostBuf::new(len.next_power_of_two())?);
         }
         if self.fcols.h_out.is_none() {
             self.fcols.h_out = Some(HostBuf::new(4 + LIST_CAP * 4)?);
         }
-        let h_prog = self.fcols.h_prog.as_mut().expect("allocated above");
-        // The previous filter's upload is complete: every eval ends with a stream sync.
-        h_prog.slice()[..buf.len()].copy_from_slice(&buf);
-        let (hp, hout) = (h_prog.ptr as *const c_void, self.fcols.h_out.as_ref().expect("allocated above").ptr as *mut c_void);
-        // SAFETY: pinned source of buf.len() bytes into d_prog (at least as large), on the
-        // engine's stream; the 4-byte count reset is within d_count.
+        // Nothing on the stream reads h_prog or writes h_out now: every evaluation's count is
+        // read back (the copies before it done) or the stream synchronised above.
+        self.fcols.h_prog.as_mut().expect("allocated above").slice()[..len].copy_from_slice(&dp.buf);
+        let out = self.fcols.h_out.as_mut().expect("allocated above").slice();
+        out[..4].copy_from_slice(&COUNT_PENDING.to_le_bytes());
+        let (hp, hout) = (self.fcols.h_prog.as_ref().expect("allocated above").ptr as *const c_void, out.as_mut_ptr() as *mut c_void);
+        self.fcols.in_flight = true;
+        self.fcols.last_key = dp.key;
+        // SAFETY: pinned source of `len` bytes into d_prog (at least as large), on the engine's
+        // stream; the 4-byte count reset is within d_count.
         unsafe {
-            ck("filter program upload", sys::cuMemcpyHtoDAsync_v2(self.fcols.d_prog.ptr, hp, buf.len(), self.stream))?;
+            ck("filter program upload", sys::cuMemcpyHtoDAsync_v2(self.fcols.d_prog.ptr, hp, len, self.stream))?;
             ck("filter count reset", sys::cuMemsetD32Async(self.fcols.d_count.ptr, 0, 1, self.stream))?;
         }
         let base = self.fcols.d_prog.ptr;
-        let (mut a_prog, mut a_consts, mut a_cols) = (base, base + o_consts as u64, base + o_cols as u64);
-        let mut nins = ni as u32;
+        let (mut a_prog, mut a_consts, mut a_cols) = (base, base + dp.o_consts as u64, base + dp.o_cols as u64);
+        let mut nins = dp.nins as u32;
         let mut nn = n as u32;
         let mut mask = self.fcols.d_mask.ptr;
         let mut list = self.fcols.d_list.ptr;
@@ -259,8 +361,8 @@ impl CudaEngine {
         let mut args = kargs![a_prog, nins, a_consts, a_cols, nn, mask, list, cap, count];
         let blocks = n.div_ceil(256).clamp(1, 1024) as u32;
         // SAFETY: `args` points at the nine locals above, filter_eval's parameters in order; the
-        // program reads columns that hold the table's n rows, the mask holds cap_rows >= n bits.
-        // Then the count and (at most LIST_CAP) rows into the pinned h_out, which holds both.
+        // program reads columns that hold the table's n rows, the mask holds cap_rows >= n bits
+        // (filter_prog checked). Then the count into the pinned h_out's first 4 bytes.
         unsafe {
             ck(
                 "launch filter_eval",
@@ -280,44 +382,75 @@ impl CudaEngine {
             )?;
             ck("filter count", sys::cuMemcpyDtoHAsync_v2(hout, self.fcols.d_count.ptr, 4, self.stream))?;
         }
+        Ok(())
+    }
+
+    /// The count of the evaluation enqueued last. Callers read it after something enqueued
+    /// later on the stream has been seen to finish (a scan's published results), so the copy
+    /// has landed; if the sentinel is still there, the stream is synchronised first.
+    pub(super) fn read_count(&mut self) -> Result<usize> {
+        let p = self.fcols.h_out.as_ref().expect("enqueue_eval allocated it").ptr as *const u32;
+        // SAFETY: h_out is live pinned memory of at least 4 bytes, 4-aligned; the DMA engine
+        // writes the word whole (volatile read).
+        let mut m = unsafe { std::ptr::read_volatile(p) };
+        if m == COUNT_PENDING {
+            self.sync_stream()?;
+            // SAFETY: as above; the stream is idle.
+            m = unsafe { std::ptr::read_volatile(p) };
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        self.fcols.in_flight = false;
+        if m == COUNT_PENDING {
+            return Err(Error::new(Status::Cuda, "the filter's match count did not come back from the device"));
+        }
+        self.fcols.remember(m);
+        Ok(m as usize)
+    }
+
+    /// Evaluates `dp` over the table's rows on the GPU, waits for the count and decides the
+    /// plan (`list_on_host`: a sparse filter's rows come back to the host, else they stay listed
+    /// on the device).
+    pub(super) fn eval_filter(&mut self, dp: &DevProg, list_on_host: bool) -> Result<FilterPlan> {
+        let t0 = std::time::Instant::now();
+        self.enqueue_eval(dp)?;
         self.sync_stream()?;
+        let m = self.read_count()?;
         self.fcols.last_ns[0] = ns_since(t0);
-        let out = self.fcols.h_out.as_mut().expect("allocated above").slice();
-        let m = u32::from_le_bytes(out[..4].try_into().expect("4 bytes")) as usize;
+        let n = self.table.len;
         if m == 0 {
             return Ok(FilterPlan::Empty);
         }
-        if m <= LIST_CAP && m.saturating_mul(SPARSE_DIV) <= n && !list_on_host {
+        if !is_sparse(m, n) {
+            return Ok(FilterPlan::Mask);
+        }
+        if !list_on_host {
             return Ok(FilterPlan::Sparse(m));
         }
-        if m <= LIST_CAP && m.saturating_mul(SPARSE_DIV) <= n {
-            // SAFETY: the first m <= LIST_CAP rows of d_list into h_out past the count.
-            unsafe {
-                ck(
-                    "filter rows",
-                    sys::cuMemcpyDtoHAsync_v2((hout as *mut u8).add(4) as *mut c_void, self.fcols.d_list.ptr, m * 4, self.stream),
-                )?;
-            }
-            self.sync_stream()?;
-            let out = self.fcols.h_out.as_mut().expect("allocated above").slice();
-            let mut rows: Vec<u32> =
-                out[4..4 + m * 4].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
-            rows.sort_unstable();
-            self.fcols.last_ns[1] = ns_since(t0) - self.fcols.last_ns[0];
-            return Ok(FilterPlan::Rows(rows));
+        let hout = self.fcols.h_out.as_mut().expect("allocated by enqueue_eval").slice().as_mut_ptr();
+        // SAFETY: the first m <= LIST_CAP rows of d_list into h_out past the count (h_out holds
+        // 4 + LIST_CAP * 4 bytes).
+        unsafe {
+            ck("filter rows", sys::cuMemcpyDtoHAsync_v2(hout.add(4) as *mut c_void, self.fcols.d_list.ptr, m * 4, self.stream))?;
         }
-        Ok(FilterPlan::Mask)
+        self.sync_stream()?;
+        let out = self.fcols.h_out.as_mut().expect("allocated by enqueue_eval").slice();
+        let mut rows: Vec<u32> = out[4..4 + m * 4].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+        rows.sort_unstable();
+        self.fcols.last_ns[1] = ns_since(t0) - self.fcols.last_ns[0];
+        Ok(FilterPlan::Rows(rows))
     }
 }
 
 impl CudaEngine {
-    /// Gathers the `m` rows the last `eval_filter` listed on the device into the compact table
-    /// (grown as needed) and returns its columns for the single-query kernel.
-    pub(super) fn gather_sparse(&mut self, m: usize) -> Result<TableArg> {
+    /// Gathers up to `rows` of the rows the last evaluation listed on the device (its count,
+    /// read there, bounds them) into the compact table (grown as needed), with a mask of the
+    /// rows gathered, and returns its columns for the single-query kernel, which scans `rows`
+    /// rows of it.
+    pub(super) fn gather_sparse(&mut self, rows: usize) -> Result<TableArg> {
         let row16 = self.dp * self.esize / 16;
-        if self.fcols.sc_cap < m {
-            let cap = m.next_power_of_two();
-            let sizes = [cap * row16 * 16, cap * 4, cap * 8, cap * 8, cap * 8, cap * 8];
+        if self.fcols.sc_cap < rows {
+            let cap = rows.next_power_of_two();
+            let sizes = [cap * row16 * 16, cap * 4, cap * 8, cap * 8, cap * 8, cap * 8, cap.div_ceil(32) * 4];
             for (b, bytes) in self.fcols.sc.iter_mut().zip(sizes) {
                 *b = DevBuf::new(bytes, "sparse filter rows")?;
             }
@@ -326,24 +459,21 @@ impl CudaEngine {
             self.sq.graphs.clear();
         }
         let t = self.table_arg();
-        let [v, nr, id, ns, cr, ex] = self.fcols.sc.each_ref().map(|b| b.ptr);
-        let (mut list, mut count, mut cap, mut nv16) = (self.fcols.d_list.ptr, self.fcols.d_count.ptr, m as u32, row16 as u32);
+        let [v, nr, id, ns, cr, ex, cm] = self.fcols.sc.each_ref().map(|b| b.ptr);
+        let (mut list, mut count, mut cap, mut nv16) = (self.fcols.d_list.ptr, self.fcols.d_count.ptr, rows as u32, row16 as u32);
         let (mut s_v, mut s_n, mut s_i, mut s_ns, mut s_c, mut s_e) = (t.vecs, t.norms, t.ids, t.ns, t.created, t.expires);
-        let (mut d_v, mut d_n, mut d_i, mut d_ns, mut d_c, mut d_e) = (v, nr, id, ns, cr, ex);
-        let mut args = kargs![list, count, cap, nv16, s_v, s_n, s_i, s_ns, s_c, s_e, d_v, d_n, d_i, d_ns, d_c, d_e];
-        let blocks = (m * row16).div_ceil(NT as usize).clamp(1, 1024) as u32;
-        // SAFETY: `args` points at the 16 locals above, gather_rows' parameters in order; the
-        // list holds m <= LIST_CAP rows of the table (filter_eval, this stream), the compact
-        // buffers hold sc_cap >= m rows.
+        let (mut d_v, mut d_n, mut d_i, mut d_ns, mut d_c, mut d_e, mut d_m) = (v, nr, id, ns, cr, ex, cm);
+        let mut args = kargs![list, count, cap, nv16, s_v, s_n, s_i, s_ns, s_c, s_e, d_v, d_n, d_i, d_ns, d_c, d_e, d_m];
+        let blocks = (rows * row16).div_ceil(NT as usize).clamp(1, 1024) as u32;
+        // SAFETY: `args` points at the 17 locals above, gather_rows' parameters in order; the
+        // list holds min(count, LIST_CAP) rows of the table (filter_eval, earlier on this
+        // stream) and the kernel gathers at most rows <= LIST_CAP of them; the compact buffers
+        // hold sc_cap >= rows rows, and the mask sc_cap bits.
         ck("launch gather_rows", unsafe {
             sys::cuLaunchKernel(self.kern.gather_rows, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
         })?;
-        Ok(TableArg { vecs: v, norms: nr, ids: id, ns, created: cr, expires: ex, mask: 0, rscale: 0 })
+        Ok(TableArg { vecs: v, norms: nr, ids: id, ns, created: cr, expires: ex, mask: cm, rscale: 0 })
     }
-}
-
-fn ns_since(t: std::time::Instant) -> u32 {
-    t.elapsed().as_nanos().min(u32::MAX as u128) as u32
 }
 
 /// The rows of `rows` a request may return (those in its namespaces and not expired), as a
@@ -359,4 +489,78 @@ pub(super) fn allowed_rows(store: &Store, rows: &[u32], req: &crate::engine::Sea
         }
     }
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_means_at_most_one_row_in_sparse_div_and_a_listable_count() {
+        assert!(is_sparse(0, 10));
+        assert!(is_sparse(1, SPARSE_DIV));
+        assert!(!is_sparse(1, SPARSE_DIV - 1));
+        assert!(is_sparse(1000, 1_000_000));
+        assert!(!is_sparse(1001, 1_000_000));
+        assert!(is_sparse(LIST_CAP, LIST_CAP * SPARSE_DIV));
+        assert!(!is_sparse(LIST_CAP + 1, usize::MAX));
+        assert!(!is_sparse(usize::MAX, usize::MAX));
+    }
+
+    /// A guessed compact table always has room for the last count's rows (so a filter whose
+    /// count holds still is answered from it), within the device's row list.
+    #[test]
+    fn guesses_follow_the_last_count() {
+        let n = 1_000_000;
+        assert_eq!(Guess::of(None, n), Guess::Wait);
+        assert_eq!(Guess::of(Some(0), n), Guess::Wait);
+        assert_eq!(Guess::of(Some(1001), n), Guess::Mask);
+        assert_eq!(Guess::of(Some(500_000), n), Guess::Mask);
+        assert_eq!(Guess::of(Some(1), n), Guess::Sparse(SPARSE_MIN_ROWS));
+        assert_eq!(Guess::of(Some(100), n), Guess::Sparse(256));
+        assert_eq!(Guess::of(Some(129), n), Guess::Sparse(512));
+        assert_eq!(Guess::of(Some(1000), n), Guess::Sparse(2048));
+        let big = LIST_CAP * SPARSE_DIV;
+        assert_eq!(Guess::of(Some(LIST_CAP as u32), big), Guess::Sparse(LIST_CAP));
+        assert_eq!(Guess::of(Some(LIST_CAP as u32 + 1), big), Guess::Mask);
+        for m in (1..=LIST_CAP).step_by(97).chain([LIST_CAP - 1, LIST_CAP]) {
+            match Guess::of(Some(m as u32), big) {
+                Guess::Sparse(rows) => assert!(m <= rows && rows <= LIST_CAP && rows.is_power_of_two(), "{m} -> {rows}"),
+                g => panic!("{m}: {g:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn plan_keys_separate_programs_generations_and_length_buckets() {
+        let p = [1u8, 2, 3, 4];
+        let k = plan_key(&p, 7, 1000);
+        assert_eq!(k, plan_key(&p, 7, 1000));
+        assert_eq!(k, plan_key(&p, 7, 600), "same power-of-two bucket");
+        assert_ne!(k, plan_key(&p, 7, 1025));
+        assert_ne!(k, plan_key(&p, 8, 1000));
+        assert_ne!(k, plan_key(&[1, 2, 3, 5], 7, 1000));
+    }
+
+    /// The count read back is what the next guess for the same key follows; a full memory is
+    /// cleared rather than grown.
+    #[test]
+    fn counts_are_remembered_per_key() {
+        let mut f = DevFields::new();
+        let n = 1_000_000;
+        f.last_key = 11;
+        f.remember(50_000);
+        assert_eq!(f.guess(11, n), Guess::Mask);
+        assert_eq!(f.guess(12, n), Guess::Wait);
+        f.remember(40);
+        assert_eq!(f.guess(11, n), Guess::Sparse(256));
+        f.remember(0);
+        assert_eq!(f.guess(11, n), Guess::Wait);
+        for k in 0..PLAN_MEMORY as u64 {
+            f.last_key = 1000 + k;
+            f.remember(5000);
+        }
+        assert!(f.counts.len() <= PLAN_MEMORY);
+        assert_eq!(f.guess(1000 + PLAN_MEMORY as u64 - 1, n), Guess::Mask);
+    }
 }

@@ -27,7 +27,8 @@ pub(super) struct Int8 {
     _module: Arc<cudarc::driver::CudaModule>,
     /// Bytes of one row of codes (the dimension padded to 16).
     pub(super) dp8: usize,
-    /// `cap_rows` rows of codes, and each row's scale.
+    /// `cap_rows` rows of codes, and each row's scale (grown with the table's other columns by
+    /// `ensure_capacity`).
     pub(super) d_codes: DevBuf,
     pub(super) d_scales: DevBuf,
     /// Option `rerank` (0: adapt to k).
@@ -66,27 +67,6 @@ impl Int8 {
 }
 
 impl CudaEngine {
-    /// Moves the codes of the `n` rows present into buffers of `cap` rows (growth), in step with
-    /// the table's other columns.
-    pub(super) fn grow_codes(&mut self, cap: usize, n: usize) -> Result<()> {
-        let Some(c) = &self.int8 else { return Ok(()) };
-        let codes = DevBuf::new(cap * c.dp8, "int8 codes")?;
-        let scales = DevBuf::new(cap * 4, "int8 scales")?;
-        if n > 0 {
-            // SAFETY: both pairs of buffers hold at least the n rows present (n <= both
-            // capacities); the engine's own stream, synchronised before the old buffers go.
-            unsafe {
-                ck("grow copy", sys::cuMemcpyDtoDAsync_v2(codes.ptr, c.d_codes.ptr, n * c.dp8, self.stream))?;
-                ck("grow copy", sys::cuMemcpyDtoDAsync_v2(scales.ptr, c.d_scales.ptr, n * 4, self.stream))?;
-            }
-            self.sync_stream()?;
-        }
-        let c = self.int8.as_mut().expect("checked above");
-        c.d_codes = codes;
-        c.d_scales = scales;
-        Ok(())
-    }
-
     /// Quantizes `m` staged rows (their numbers at `rows`, f32 values at `vals` on the device)
     /// into the codes; ordered before the staging buffer's reuse by the caller's sync.
     pub(super) fn quantize_staged(&mut self, rows: u64, vals: u64, m: usize) -> Result<()> {

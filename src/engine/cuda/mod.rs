@@ -227,6 +227,10 @@ fn grow(buf: &mut DevBuf, bytes: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+fn ns_since(t: std::time::Instant) -> u32 {
+    t.elapsed().as_nanos().min(u32::MAX as u128) as u32
+}
+
 fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
@@ -584,6 +588,7 @@ impl CudaEngine {
                 gated_batches: 0,
                 slot_batches: 0,
                 filter_phases: Vec::new(),
+                filter_guesses: [0; 2],
             },
             fcols: fields::DevFields::new(),
             int8,
@@ -630,7 +635,9 @@ impl CudaEngine {
 
     /// A recall with a metadata filter (docs/GPU.md, "Metadata filters"): a small table or a
     /// filter on a tags field goes to the CPU engine; otherwise the filter is evaluated on the
-    /// GPU, and either its few rows are scored on the CPU or the scan runs with its mask.
+    /// GPU, and either its few rows are scored on the CPU or the scan runs with its mask. A
+    /// single query whose filter was seen before does not wait for the evaluation
+    /// (`search_guessed`).
     fn search_filtered(&mut self, store: &Store, req: &SearchRequest<'_>, e: &crate::filter::Expr, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         let work = store.len().saturating_mul(self.dim).saturating_mul(req.nq);
         let prog = crate::filter::program::compile(e, store.fields());
@@ -642,29 +649,108 @@ impl CudaEngine {
         if self.table.len != store.len() {
             return Err(Error::new(Status::Internal, format!("GPU table has {} rows, the store {}", self.table.len, store.len())));
         }
-        let plan = self.guarded("filter", |e| e.eval_filter(&prog, req.nq > 1))?;
+        let t0 = std::time::Instant::now();
+        let Some(dp) = self.filter_prog(&prog) else {
+            // A tags field: no cell form.
+            self.hybrid.last_cpu = true;
+            let r = self.hybrid.cpu.search(store, req, out);
+            self.record_filter(report::FILTER_CPU, [0, 0, ns_since(t0)]);
+            return r;
+        };
+        let guess = if req.nq == 1 { self.fcols.guess(dp.key, self.table.len) } else { fields::Guess::Wait };
+        if guess != fields::Guess::Wait {
+            return self.search_guessed(store, req, &dp, guess, out);
+        }
+        let plan = self.guarded("filter", |e| e.eval_filter(&dp, req.nq > 1))?;
         let t_score = std::time::Instant::now();
         let tag = match &plan {
-            fields::FilterPlan::Empty => 0u8,
-            fields::FilterPlan::Rows(_) | fields::FilterPlan::Sparse(_) => 1,
-            fields::FilterPlan::Mask => 2,
-            fields::FilterPlan::Cpu => 3,
+            fields::FilterPlan::Empty => report::FILTER_EMPTY,
+            fields::FilterPlan::Rows(_) | fields::FilterPlan::Sparse(_) => report::FILTER_ROWS,
+            fields::FilterPlan::Mask => report::FILTER_MASK,
         };
         let r = self.run_filter_plan(plan, store, req, out);
+        let [a, b] = self.fcols.last_ns;
+        self.record_filter(tag, [a, b, ns_since(t_score)]);
+        r
+    }
+
+    fn record_filter(&mut self, tag: u8, ns: [u32; 3]) {
         if self.stats.filter_phases.len() < 1 << 16 {
-            let [a, b] = self.fcols.last_ns;
-            self.stats.filter_phases.push((tag, [a, b, t_score.elapsed().as_nanos().min(u32::MAX as u128) as u32]));
+            self.stats.filter_phases.push((tag, ns));
         }
+    }
+
+    /// One query with a filter seen before, planned from the filter's last count with no wait
+    /// for this one: the evaluation and the plan's scan enqueued back to back, the count read
+    /// once the answer is in. A dense guess scans with the mask, which is exact whatever the
+    /// count; a sparse guess gathers and scans a compact table of `rows` rows, exact when the
+    /// count is at most `rows`, else the query is scanned again with the (complete) mask.
+    fn search_guessed(
+        &mut self,
+        store: &Store,
+        req: &SearchRequest<'_>,
+        dp: &fields::DevProg,
+        guess: fields::Guess,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> Result<()> {
+        let mut host = Vec::new();
+        let req = super::with_host_queries(req, &mut host)?;
+        self.hybrid.last_cpu = false;
+        let t0 = std::time::Instant::now();
+        let mut ns = [0u32; 3];
+        let mut tag = report::FILTER_GUESS_MASK;
+        let r = self.guarded("search", |e| {
+            e.enqueue_eval(dp)?;
+            ns[0] = ns_since(t0);
+            let n = e.table.len;
+            let m = match guess {
+                fields::Guess::Sparse(rows) => {
+                    let t = e.gather_sparse(rows)?;
+                    ns[1] = ns_since(t0) - ns[0];
+                    e.sq.table_override = Some((t, rows));
+                    let h = e.search_one(store, &req, &req.queries[..e.dim]);
+                    e.sq.table_override = None;
+                    let h = h?;
+                    let m = e.read_count()?;
+                    if m <= rows {
+                        tag = report::FILTER_GUESS_SPARSE;
+                        out.clear();
+                        out.push(h);
+                    } else {
+                        // More rows than the compact table took: the mask has them all.
+                        tag = report::FILTER_GUESS_RESCAN;
+                        e.scan_masked(store, &req, out)?;
+                    }
+                    m
+                }
+                _ => {
+                    e.scan_masked(store, &req, out)?;
+                    e.read_count()?
+                }
+            };
+            let right = match guess {
+                fields::Guess::Sparse(_) => m > 0 && fields::is_sparse(m, n),
+                _ => !fields::is_sparse(m, n),
+            };
+            e.stats.filter_guesses[right as usize] += 1;
+            Ok(())
+        });
+        ns[2] = ns_since(t0).saturating_sub(ns[0]).saturating_sub(ns[1]);
+        self.record_filter(tag, ns);
+        r
+    }
+
+    /// The scan of the full table under the filter's mask (the last evaluation's).
+    fn scan_masked(&mut self, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
+        self.fcols.active_mask = self.fcols.d_mask_ptr();
+        let r = self.dispatch(store, req, out);
+        self.fcols.active_mask = 0;
         r
     }
 
     /// Answers a filtered search as `eval_filter` planned it.
     fn run_filter_plan(&mut self, plan: fields::FilterPlan, store: &Store, req: &SearchRequest<'_>, out: &mut Vec<Vec<Hit>>) -> Result<()> {
         match plan {
-            fields::FilterPlan::Cpu => {
-                self.hybrid.last_cpu = true;
-                self.hybrid.cpu.search(store, req, out)
-            }
             fields::FilterPlan::Empty => {
                 super::reset_out(out, req.nq);
                 Ok(())
@@ -693,10 +779,7 @@ impl CudaEngine {
                 let mut host = Vec::new();
                 let req = &if req.nq == 1 { super::with_host_queries(req, &mut host)? } else { req.clone() };
                 self.hybrid.last_cpu = false;
-                self.fcols.active_mask = self.fcols.d_mask_ptr();
-                let r = self.guarded("search", |e| e.dispatch(store, req, out));
-                self.fcols.active_mask = 0;
-                r
+                self.guarded("search", |e| e.scan_masked(store, req, out))
             }
         }
     }

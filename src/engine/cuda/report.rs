@@ -26,10 +26,29 @@ pub(super) struct Stats {
     pub(super) gated_batches: u64,
     /// Batches answered from queries in a client's slot.
     pub(super) slot_batches: u64,
-    /// Filtered searches: (plan, filter evaluation incl. the count read back, row list read
-    /// back, scoring) in ns; plan 0 = empty, 1 = rows, 2 = mask, 3 = CPU.
+    /// Filtered searches: (plan, three phases in ns). Plans waited for (`FILTER_EMPTY` ..
+    /// `FILTER_CPU`): filter evaluation incl. the count read back, row list read back, scoring.
+    /// Plans guessed from the filter's last count (`FILTER_GUESS_*`): the evaluation's launch
+    /// calls, the gather's launch call, the rest until the answer (the evaluation, gather and
+    /// scan on the GPU, and the count read).
     pub(super) filter_phases: Vec<(u8, [u32; 3])>,
+    /// Single queries answered from a guessed plan: [the count then called for another plan,
+    /// it confirmed the guess].
+    pub(super) filter_guesses: [u64; 2],
 }
+
+pub(super) const FILTER_EMPTY: u8 = 0;
+pub(super) const FILTER_ROWS: u8 = 1;
+pub(super) const FILTER_MASK: u8 = 2;
+pub(super) const FILTER_CPU: u8 = 3;
+/// Guessed dense: evaluation and masked scan enqueued together.
+pub(super) const FILTER_GUESS_MASK: u8 = 4;
+/// Guessed sparse: evaluation, gather and compact scan enqueued together, the compact table
+/// large enough.
+pub(super) const FILTER_GUESS_SPARSE: u8 = 5;
+/// Guessed sparse, but more rows matched than the compact table took: scanned again with the
+/// mask.
+pub(super) const FILTER_GUESS_RESCAN: u8 = 6;
 
 impl CudaEngine {
     /// Prints the reports asked for (on drop).
@@ -91,23 +110,44 @@ impl CudaEngine {
             );
         }
         if !s.filter_phases.is_empty() && crate::config::tuning_or_default().cuda_report {
-            for (plan, name) in [(0u8, "empty"), (1, "rows"), (2, "mask"), (3, "cpu")] {
+            let waited = ["filter evaluation (launch, kernel, count read back)", "row list read back", "scoring"];
+            let guessed = ["evaluation launch calls", "gather launch call", "evaluation + scan on the GPU until the answer"];
+            for (plan, name, phases) in [
+                (FILTER_EMPTY, "empty", waited),
+                (FILTER_ROWS, "rows", waited),
+                (FILTER_MASK, "mask", waited),
+                (FILTER_CPU, "cpu", waited),
+                (FILTER_GUESS_MASK, "mask, guessed (no wait for the count)", guessed),
+                (FILTER_GUESS_SPARSE, "sparse, guessed (no wait for the count)", guessed),
+                (FILTER_GUESS_RESCAN, "sparse, guessed, too many rows: rescanned with the mask", guessed),
+            ] {
                 let v: Vec<[u32; 3]> = s.filter_phases.iter().filter(|(p, _)| *p == plan).map(|(_, t)| *t).collect();
                 if v.is_empty() {
                     continue;
                 }
-                let p50 = |i: usize| {
-                    let mut x: Vec<u32> = v.iter().map(|a| a[i]).collect();
+                let p50 = |f: &dyn Fn(&[u32; 3]) -> u32| {
+                    let mut x: Vec<u32> = v.iter().map(f).collect();
                     x.sort_unstable();
                     x[x.len() / 2] as f64 / 1000.0
                 };
                 eprintln!(
-                    "kalos cuda engine ({}): {} filtered searches planned '{name}', p50: filter evaluation {:.1} us, row list read back {:.1} us, scoring {:.1} us",
+                    "kalos cuda engine ({}): {} filtered searches planned '{name}', p50: {} {:.1} us, {} {:.1} us, {} {:.1} us; total {:.1} us",
                     self.describe(),
                     v.len(),
-                    p50(0),
-                    p50(1),
-                    p50(2)
+                    phases[0],
+                    p50(&|a| a[0]),
+                    phases[1],
+                    p50(&|a| a[1]),
+                    phases[2],
+                    p50(&|a| a[2]),
+                    p50(&|a| a[0].saturating_add(a[1]).saturating_add(a[2]))
+                );
+            }
+            let [wrong, right] = s.filter_guesses;
+            if wrong + right > 0 {
+                eprintln!(
+                    "kalos cuda engine ({}): filtered searches planned from the filter's last count (single queries): {right} confirmed by the new count, {wrong} not (answered exactly all the same)",
+                    self.describe()
                 );
             }
         }

@@ -115,8 +115,8 @@ pub(super) struct Single {
     /// Single-query graphs by (grid, compact argument, table: 0 plain, 1 masked, 2 compact,
     /// int8 scan), with the table generation they were built for.
     pub(super) graphs: HashMap<(u32, bool, u8, bool), (u64, Graph)>,
-    /// A table scanned in place of the device table (a sparse filter's compact rows) and its
-    /// row count.
+    /// A table scanned in place of the device table (a sparse filter's compact rows, with the
+    /// compact table's own mask) and the rows scanned.
     pub(super) table_override: Option<(TableArg, usize)>,
 }
 

@@ -81,6 +81,11 @@ impl CudaEngine {
         let ns = alloc(new_cap * 8, "namespaces")?;
         let created = alloc(new_cap * 8, "created")?;
         let expires = alloc(new_cap * 8, "expires")?;
+        // The int8 scan's codes and scales, rows of dp8 bytes and 4.
+        let codes = match &self.int8 {
+            Some(c) => Some((alloc(new_cap * c.dp8, "int8 codes")?, alloc(new_cap * 4, "int8 scales")?)),
+            None => None,
+        };
         let n = self.table.len;
         if n > 0 {
             let copy = |dst: &DevBuf, src: &DevBuf, bytes: usize| {
@@ -94,9 +99,16 @@ impl CudaEngine {
             copy(&ns, &self.table.d_ns, n * 8)?;
             copy(&created, &self.table.d_created, n * 8)?;
             copy(&expires, &self.table.d_expires, n * 8)?;
+            if let (Some((d_codes, d_scales)), Some(c)) = (&codes, &self.int8) {
+                copy(d_codes, &c.d_codes, n * c.dp8)?;
+                copy(d_scales, &c.d_scales, n * 4)?;
+            }
             self.sync_stream()?;
         }
-        self.grow_codes(new_cap, n)?;
+        if let (Some((d_codes, d_scales)), Some(c)) = (codes, self.int8.as_mut()) {
+            c.d_codes = d_codes;
+            c.d_scales = d_scales;
+        }
         let t = &mut self.table;
         t.d_vecs = vecs;
         t.d_norms = norms;
