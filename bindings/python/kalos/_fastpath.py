@@ -17,6 +17,7 @@ about 1 µs slower. :data:`disabled_reason` says why it is None:
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 from typing import Any, Callable, Optional
 
@@ -60,10 +61,13 @@ def load() -> Optional[Callable[[Any], Any]]:
     if os.environ.get("KALOS_PY_FASTCALL", "1") == "0":
         disabled_reason = "KALOS_PY_FASTCALL=0"
         return None
+    if importlib.util.find_spec(__package__ + "._fastcall") is None:
+        disabled_reason = "kalos._fastcall is not installed (no C compiler or Python.h when the package was built)"
+        return None
     try:
         from . import _fastcall
     except ImportError as e:
-        disabled_reason = f"kalos._fastcall is not installed ({e})"
+        disabled_reason = f"kalos._fastcall does not load: {e}"
         return None
     A = _ffi.kalos_recall_args
     types = dict(A._fields_)

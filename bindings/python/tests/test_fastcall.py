@@ -7,11 +7,13 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,7 +39,7 @@ def test_extension_is_in_use():
     assert _fastpath.disabled_reason == ""
 
 
-def test_env_switch_forces_the_ctypes_path(name):
+def test_env_switch_forces_the_ctypes_path(name, tmp_path):
     code = (
         "import sys, numpy as np, kalos\n"
         "assert kalos._FASTCALL is None, kalos._fastpath.disabled_reason\n"
@@ -48,9 +50,31 @@ def test_env_switch_forces_the_ctypes_path(name):
         "    assert not hasattr(kv._tls, 'fastcall') and hasattr(kv._tls, 'frame')\n"
     )
     env = dict(child_env(), KALOS_PY_FASTCALL="0")
-    out = subprocess.run([PY, "-c", code, name], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([PY, "-c", code, name], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "KALOS_PY_FASTCALL=0"
+
+
+def test_package_without_the_extension_falls_back(name, tmp_path):
+    """A package installed where the extension could not be compiled (setup.py builds it as
+    optional) imports and recalls through ctypes, and says why."""
+    src = Path(kalos.__file__).parent
+    shutil.copytree(src, tmp_path / "kalos", ignore=shutil.ignore_patterns("_fastcall*", "__pycache__", "libkalos.so"))
+    code = (
+        "import sys, numpy as np, kalos\n"
+        "assert kalos.__file__.startswith(sys.argv[2]), kalos.__file__\n"
+        "assert kalos._FASTCALL is None\n"
+        "print(kalos._fastpath.disabled_reason)\n"
+        "with kalos.open(sys.argv[1], dim=4, role='server', backend='cpu') as kv:\n"
+        "    kv.upsert([1, 2], np.eye(2, 4))\n"
+        "    assert kv.recall(np.array([0, 1, 0, 0], np.float32), 1)[0].tolist() == [2]\n"
+    )
+    env = dict(child_env(), PYTHONPATH=str(tmp_path))
+    env.pop("KALOS_PY_FASTCALL", None)
+    out = subprocess.run([PY, "-c", code, name, str(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("kalos._fastcall is not installed"), out.stdout
 
 
 def _ctypes_path(kv, *args, **kw):
