@@ -140,20 +140,21 @@ else:  # pragma: no cover
 
 
 def _f32_1d(x: ArrayLike) -> np.ndarray:
-    """A C-contiguous float32 1-D view of x: no copy when it already is one."""
-    if type(x) is _NDARRAY and x.dtype is _F32 and x.ndim == 1 and x.flags.c_contiguous:
+    """A C-contiguous, aligned float32 1-D view of x: no copy when it already is one (the
+    library reads float arrays at 4-byte alignment; an offset buffer is copied)."""
+    if type(x) is _NDARRAY and x.dtype is _F32 and x.ndim == 1 and x.flags.c_contiguous and x.flags.aligned:
         return x
-    return np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+    return np.require(np.asarray(x, dtype=_F32), requirements="CA").reshape(-1)
 
 
 def _f32_c(x: ArrayLike) -> np.ndarray:
-    if type(x) is _NDARRAY and x.dtype is _F32 and x.flags.c_contiguous:
+    if type(x) is _NDARRAY and x.dtype is _F32 and x.flags.c_contiguous and x.flags.aligned:
         return x
-    return np.ascontiguousarray(x, dtype=_F32)
+    return np.require(np.asarray(x, dtype=_F32), requirements="CA")
 
 
 def _u64_1d(x: ArrayLike) -> np.ndarray:
-    if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous:
+    if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous and x.flags.aligned:
         return x
     a = np.asarray(x)
     if a.dtype.kind in "fO" and not isinstance(x, np.ndarray):
@@ -166,7 +167,7 @@ def _u64_1d(x: ArrayLike) -> np.ndarray:
         raise OverflowError("ids and namespaces are unsigned 64-bit integers; got a negative value")
     if a.dtype.kind not in "iub" and a.size:
         raise TypeError(f"ids and namespaces must be integers, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=_U64).reshape(-1)
+    return np.require(np.asarray(a, dtype=_U64), requirements="CA").reshape(-1)
 
 
 def _index(v: Any, what: str) -> int:
@@ -576,8 +577,8 @@ class Kalos:
                 query, k, namespace, namespaces, recency_weight, half_life, timeout, filter,
                 read_your_writes, allow_stale, min_seqs,
             )
-        # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous float32
-        # query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
+        # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous, aligned
+        # float32 query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
         # its C frame checks the query and k and makes the call; it returns None when they do
         # not qualify or the frame is busy, and the general path below runs. Without it, the
         # ctypes fast path (elif) does the same in Python.
@@ -608,6 +609,7 @@ class Kalos:
                 and query.dtype is _F32
                 and query.ndim == 1
                 and query.flags.c_contiguous
+                and query.flags.aligned
                 and 0 < k <= _FAST_MAX_K
             ):
                 try:

@@ -18,7 +18,7 @@
  * Frame(owner, query, k) returns:
  *   (ids, scores)  fresh uint64 and float32 arrays of the hits (copies, never the buffers);
  *   None           the call does not qualify: query not an exact ndarray of the float32 dtype,
- *                  1-D and C-contiguous; k not an int in 1..max_k; or the frame is in use by a
+ *                  1-D, C-contiguous and 4-byte aligned; k not an int in 1..max_k; or the frame is in use by a
  *                  call further up this thread's stack (a finalizer or signal handler run
  *                  during the copy-out). The caller takes its general path;
  *   -1             the owner is closing (its `_closing` is true): nothing was called;
@@ -183,7 +183,8 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     PyObject *kobj = PyTuple_GetItem(a, 2);
     if (f->busy || (PyObject *)Py_TYPE(query) != f->nd_type) Py_RETURN_NONE;
     np_fields *q = (np_fields *)query;
-    if (q->nd != 1 || q->descr != f->f32 || !(q->flags & NPY_C_CONTIGUOUS) || !PyLong_Check(kobj))
+    if (q->nd != 1 || q->descr != f->f32 || !(q->flags & NPY_C_CONTIGUOUS) || ((uintptr_t)q->data & 3u) ||
+        !PyLong_Check(kobj))
         Py_RETURN_NONE;
     int overflow = 0;
     long long k = PyLong_AsLongLongAndOverflow(kobj, &overflow);

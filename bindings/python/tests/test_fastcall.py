@@ -376,3 +376,37 @@ def test_no_reference_leaks(kv):
     assert before == after
     ids, sc = kv.recall(q, 2)
     assert sys.getrefcount(ids) == sys.getrefcount(sc) == 2  # the caller's reference only
+
+
+def test_unaligned_arrays_are_copied_not_passed(name):
+    """A float32 query or uint64 ids at an odd offset into a byte buffer (np.frombuffer with an
+    offset) are copied to aligned memory before the library sees them: the library refuses
+    misaligned buffers (INVALID_ARGUMENT), so reaching it unaligned would fail the call."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    raw = bytearray(1 + x.nbytes)
+    raw[1:] = x.tobytes()
+    xu = np.frombuffer(raw, np.float32, offset=1).reshape(50, 8)
+    ids = np.arange(1, 51, dtype=np.uint64)
+    rawi = bytearray(3 + ids.nbytes)
+    rawi[3:] = ids.tobytes()
+    idsu = np.frombuffer(rawi, np.uint64, offset=3)
+    assert not xu.flags.aligned and not idsu.flags.aligned
+    with kalos.open(name, dim=8, metric="ip", role="server", backend="cpu") as kv:
+        kv.upsert(idsu, xu)
+        for i in (0, 17, 49):
+            q = x[i]
+            rq = bytearray(1 + q.nbytes)
+            rq[1:] = q.tobytes()
+            qu = np.frombuffer(rq, np.float32, offset=1)
+            assert not qu.flags.aligned
+            want = kv.recall(q, 5)
+            for path in (kalos._FASTCALL, None):
+                saved, kalos._FASTCALL = kalos._FASTCALL, path
+                try:
+                    got = kv.recall(qu, 5)
+                    gotb = kv.recall_batch(np.frombuffer(rq, np.float32, offset=1)[None, :], 5)
+                finally:
+                    kalos._FASTCALL = saved
+                assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+                assert gotb[0][0].tolist() == want[0].tolist()
