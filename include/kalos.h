@@ -12,7 +12,8 @@
  *   a call returns. Output buffers are written only on success (payload_needed is also written
  *   with KALOS_BUFFER_TOO_SMALL). Returned strings are static or thread-local: never free them.
  * Buffers: every buffer argument is followed by its length, in elements (not bytes, except for
- *   byte buffers).
+ *   byte buffers), and is aligned for its element type (a float or uint64 buffer at an odd
+ *   offset into a byte buffer gives KALOS_INVALID_ARGUMENT).
  * NULL: a NULL handle, required pointer or non-empty buffer gives KALOS_NULL_POINTER. Optional
  *   arguments documented "may be NULL" take defaults. kalos_close(NULL) is a no-op.
  * Structs: option and parameter structs are versioned: initialise them with their _init

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds every distributable artifact into dist/ (or $KALOS_DIST):
 #
-#   kalos-V-py3-none-manylinux_2_N_x86_64.whl  Python: the package, libkalos.so and the kalosd
-#                                              command; built by setuptools-rust, repaired and
-#                                              tagged by auditwheel
+#   kalos-V-cp39-abi3-manylinux_2_N_x86_64.whl Python: the package, its C extension (stable ABI),
+#                                              libkalos.so and the kalosd command; built by
+#                                              setuptools-rust, repaired and tagged by auditwheel
 #   kalos-V.jar                                Java: the classes and libkalos.so for linux-x86_64
 #                                              (io/kalos/native/linux-x86_64/), loaded by the jar
 #   kalos-V-linux-x86_64.tar.gz                C: lib/libkalos.so.V (soname libkalos.so.0.MINOR) and
@@ -71,7 +71,7 @@ auditwheel show "$WORK"/wheel/kalos-*.whl | sed -n '/consistent with/,/platform 
 # Without --plat, auditwheel picks the most compatible manylinux tag the binaries satisfy:
 # their newest glibc symbol versions decide it (manylinux_2_34 when built on glibc >= 2.34).
 auditwheel repair "${plat[@]}" -w "$DIST" "$WORK"/wheel/kalos-*.whl 2>&1 | grep -v '^INFO' || true
-ls "$DIST"/kalos-"$VERSION"-py3-none-manylinux_*_x86_64.whl >/dev/null
+ls "$DIST"/kalos-"$VERSION"-cp39-abi3-manylinux_*_x86_64.whl >/dev/null
 
 step "Java jar"
 native="$WORK/java-native/io/kalos/native/$PLATFORM"

@@ -2,18 +2,24 @@
 
 The platform wheel carries ``kalos/libkalos.so`` (the crate's cdylib, loaded with ctypes) and
 the ``kalosd`` executable (installed as a console command), both built by setuptools-rust from
-the crate two directories up. The version is the crate's.
+the crate two directories up, and ``kalos._fastcall`` (``kalos/_fastcall.c``: the recall fast
+path, a C extension on the stable ABI of CPython 3.9, so the wheel is tagged
+``cp39-abi3-<platform>``). The version is the crate's.
 
-``KALOS_PY_NATIVE=0`` builds a pure-Python package instead (no Rust build): it finds
-``libkalos.so`` through ``KALOS_LIBRARY`` or a checkout's cargo target directory. The
-binding's own test script (``ci.sh``) installs it that way.
+``KALOS_PY_NATIVE=0`` builds the package without the Rust parts: it finds ``libkalos.so``
+through ``KALOS_LIBRARY`` or a checkout's cargo target directory. The binding's own test script
+(``ci.sh``) installs it that way.
+
+Both modes build ``kalos._fastcall`` when a C compiler and ``Python.h`` are there; it is
+optional: without it the build goes on and ``kalos`` calls the library through ctypes only
+(``kalos/_fastpath.py``).
 """
 
 import os
 import re
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools_rust import Binding, RustBin, RustExtension
 from setuptools_rust.build import build_rust
 
@@ -54,15 +60,16 @@ class BuildRust(build_rust):
 
 
 class Wheel(bdist_wheel):
-    """py3-none-<platform>: native code, but no CPython ABI (ctypes, not an extension module)."""
+    """cp39-abi3-<platform>: libkalos.so and kalosd are independent of Python, and
+    kalos._fastcall uses only the stable ABI of CPython 3.9."""
 
     def finalize_options(self):
         super().finalize_options()
-        self.root_is_pure = not NATIVE
+        self.root_is_pure = False
 
     def get_tag(self):
-        py, abi, plat = super().get_tag()
-        return ("py3", "none", plat) if NATIVE else (py, abi, plat)
+        _, _, plat = super().get_tag()
+        return ("cp39", "abi3", plat)
 
 
 rust = []
@@ -79,8 +86,12 @@ if NATIVE:
         RustBin("kalosd", path=str(CARGO_TOML)),
     ]
 
+# Py_LIMITED_API is defined in the source; py_limited_api names the file _fastcall.abi3.so.
+fastcall = Extension("kalos._fastcall", ["kalos/_fastcall.c"], py_limited_api=True, optional=True)
+
 setup(
     version=VERSION,
+    ext_modules=[fastcall],
     rust_extensions=rust,
     cmdclass={"build_rust": BuildRust, "bdist_wheel": Wheel},
     zip_safe=False,

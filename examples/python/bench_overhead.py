@@ -4,25 +4,34 @@
 Both sides recall the same query through the same client handle from the same kalosd server
 and table. The C side is examples/python/bench_recall.c, compiled as a shared library and
 driven in blocks (its loop and timer are C; one ctypes call starts a block of `--block`
-recalls). Blocks alternate: C, Python wrapper, bare ctypes, C, ... so that the server's state
-(spinning or parked) and the machine's load hit all three alike; the overhead is the median
-over block triples of (Python block p50 − C block p50). Variants:
+recalls). Blocks alternate: C, the Python variants (each block in another order), bare ctypes,
+C, ... so that the server's state (spinning or parked) and the machine's load hit them alike;
+an overhead is the median over blocks of (variant block p50 − C block p50). Variants:
 
-* ``wrapper``: ``kv.recall(q, k)``, the public API (fresh numpy arrays returned);
+* ``py`` (wrapper): ``kv.recall(q, k)``, the public API (fresh numpy arrays returned), as the
+  package runs it: through the C extension ``kalos._fastcall`` when it is built (see below);
+* ``ctypes``: the same call with ``kalos._FASTCALL = None``, i.e. the package's ctypes fast
+  path (what runs when the extension is missing or ``KALOS_PY_FASTCALL=0``); timed only when
+  the extension is in use;
 * ``raw``: the bare ctypes call ``lib.kalos_recall(...)`` with argtypes and preallocated
   buffers: the floor a plain ctypes binding would have;
 * ``baseline`` (with ``--baseline DIR``): ``kv.recall(q, k)`` of another copy of the package
   (``DIR/kalos``, e.g. ``git archive <commit> bindings/python/kalos | tar -x -C DIR --strip-components 2``)
-  through its own client handle, timed in the same blocks as ``wrapper`` (the two swap order
-  every block): a change to the binding is compared within one run, since the round trip
-  flips between modes from run to run;
+  through its own client handle, timed in the same blocks as ``py``: a change to the binding
+  is compared within one run, since the round trip flips between modes from run to run;
 * Python latencies include one ``time.perf_counter_ns()`` pair (~50 ns), C ones one
   ``clock_gettime`` pair.
 
 ``wrapper − raw`` (median over blocks of the difference of block p50s) is the binding's own
-cost above a bare ctypes call, the figure least moved by the round trip's mode.
+cost above a bare ctypes call, the figure least moved by the round trip's mode. p99s are over
+all the calls of a variant.
 
 The standalone C program (same source, without -DBENCH_LIB) gives a separate-process C figure.
+
+The script imports the package from the checkout (``bindings/python``); build the extension
+there first, else ``py`` is the ctypes fast path (the script says so):
+
+    (cd bindings/python && KALOS_PY_NATIVE=0 python setup.py build_ext --inplace)
 
 Usage (from the repository root, after ``cargo build --release``; needs gcc):
 
@@ -79,51 +88,71 @@ def load_baseline(pkg_dir: Path):
 
 def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: int, cbench, kv_base=None) -> dict:
     clock = time.perf_counter_ns
-    recall = kv.recall
     fn = _ffi.lib.kalos_recall
     ids = np.empty(k, np.uint64)
     sc = np.empty(k, np.float32)
     cnt = np.empty(1, np.uintp)
     h, qa, ia, sa, ca, d = kv._h, q.ctypes.data, ids.ctypes.data, sc.ctypes.data, cnt.ctypes.data, q.shape[0]
-    c_lat = np.empty(block, np.uint64)
-    py_lat = np.empty(block, np.int64)
-    raw_lat = np.empty(block, np.int64)
-    base_lat = np.empty(block, np.int64)
-    timed = [(recall, py_lat)]
+    fast = kalos._FASTCALL
+
+    # (name, callable, value of kalos._FASTCALL while it runs)
+    timed = [("py", kv.recall, fast)]
+    if fast is not None:
+        timed.append(("ctypes", kv.recall, None))
     if kv_base is not None:
-        timed.append((kv_base.recall, base_lat))
-    rows = []
-    for _ in range(200):  # warm-up
-        for fn_, _lat in timed:
-            fn_(q, k)
-    for b in range(blocks):
-        rc = cbench(h, qa, d, k, block, ia, sa, c_lat.ctypes.data)
-        assert rc == 0, rc
-        for fn_, lat in (timed if b % 2 == 0 else timed[::-1]):
+        timed.append(("baseline", kv_base.recall, None))
+    lat = {name: np.empty((blocks, block), np.int64) for name in ["c", "raw"] + [t[0] for t in timed]}
+    c_lat = np.empty(block, np.uint64)
+    for name, f, mode in timed:  # warm-up
+        kalos._FASTCALL = mode
+        for _ in range(200):
+            f(q, k)
+    try:
+        for b in range(blocks):
+            rc = cbench(h, qa, d, k, block, ia, sa, c_lat.ctypes.data)
+            assert rc == 0, rc
+            lat["c"][b] = c_lat
+            r = b % len(timed)
+            for name, f, mode in timed[r:] + timed[:r]:  # each variant takes each position in turn
+                kalos._FASTCALL = mode
+                out = lat[name][b]
+                for i in range(block):
+                    t0 = clock()
+                    f(q, k)
+                    out[i] = clock() - t0
+            out = lat["raw"][b]
             for i in range(block):
                 t0 = clock()
-                fn_(q, k)
-                lat[i] = clock() - t0
-        for i in range(block):
-            t0 = clock()
-            fn(h, qa, d, k, None, ia, k, sa, k, ca)
-            raw_lat[i] = clock() - t0
-        rows.append((np.median(c_lat), np.median(py_lat), np.median(raw_lat), np.median(base_lat)))
-    r = np.array(rows)
-    out = {
-        "c_p50_ns": int(np.median(r[:, 0])),
-        "py_p50_ns": int(np.median(r[:, 1])),
-        "raw_p50_ns": int(np.median(r[:, 2])),
-        "overhead_ns": int(np.median(r[:, 1] - r[:, 0])),
-        "raw_overhead_ns": int(np.median(r[:, 2] - r[:, 0])),
-        "overhead_p25_ns": int(np.percentile(r[:, 1] - r[:, 0], 25)),
-        "overhead_p75_ns": int(np.percentile(r[:, 1] - r[:, 0], 75)),
-        "wrapper_minus_raw_ns": int(np.median(r[:, 1] - r[:, 2])),
-    }
+                fn(h, qa, d, k, None, ia, k, sa, k, ca)
+                out[i] = clock() - t0
+    finally:
+        kalos._FASTCALL = fast
+    p50 = {name: np.median(v, axis=1) for name, v in lat.items()}  # per block
+
+    def paired(a: str, b: str, q_: float = 50) -> int:
+        return int(np.percentile(p50[a] - p50[b], q_))
+
+    out = {}
+    for name, v in lat.items():
+        out[f"{name}_p50_ns"] = int(np.median(p50[name]))
+        out[f"{name}_p99_ns"] = int(np.percentile(v, 99))
+    out.update({
+        "overhead_ns": paired("py", "c"),
+        "overhead_p25_ns": paired("py", "c", 25),
+        "overhead_p75_ns": paired("py", "c", 75),
+        "raw_overhead_ns": paired("raw", "c"),
+        "wrapper_minus_raw_ns": paired("py", "raw"),
+    })
+    if fast is not None:
+        out["ctypes_overhead_ns"] = paired("ctypes", "c")
+        out["ctypes_minus_raw_ns"] = paired("ctypes", "raw")
+        out["wrapper_minus_ctypes_ns"] = paired("py", "ctypes")
+        out["wrapper_minus_ctypes_p25_ns"] = paired("py", "ctypes", 25)
+        out["wrapper_minus_ctypes_p75_ns"] = paired("py", "ctypes", 75)
     if kv_base is not None:
-        out["baseline_overhead_ns"] = int(np.median(r[:, 3] - r[:, 0]))
-        out["baseline_minus_raw_ns"] = int(np.median(r[:, 3] - r[:, 2]))
-        out["wrapper_minus_baseline_ns"] = int(np.median(r[:, 1] - r[:, 3]))
+        out["baseline_overhead_ns"] = paired("baseline", "c")
+        out["baseline_minus_raw_ns"] = paired("baseline", "raw")
+        out["wrapper_minus_baseline_ns"] = paired("py", "baseline")
     return out
 
 
@@ -181,7 +210,7 @@ def main() -> None:
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
         "python": platform.python_version(), "numpy": np.__version__, "engine": engine,
         "n": a.n, "dim": a.dim, "k": a.k, "blocks": a.blocks, "block": a.block,
-        "paired": med, "standalone_c_program": standalone,
+        "fastcall": kalos._FASTCALL is not None, "paired": med, "standalone_c_program": standalone,
     }
     if a.baseline:
         result["baseline"] = str(a.baseline)
@@ -190,6 +219,16 @@ def main() -> None:
           f"[IQR {med['overhead_p25_ns'] / 1000:.2f}-{med['overhead_p75_ns'] / 1000:.2f}] "
           f"(bare ctypes call: {med['raw_overhead_ns'] / 1000:.2f} us); target <= 3 us; "
           f"wrapper - bare ctypes: {med['wrapper_minus_raw_ns'] / 1000:.2f} us")
+    if "ctypes_overhead_ns" in med:
+        print(f"C extension (kalos._fastcall) - ctypes fast path: {med['wrapper_minus_ctypes_ns'] / 1000:+.2f} us "
+              f"[IQR {med['wrapper_minus_ctypes_p25_ns'] / 1000:+.2f} to {med['wrapper_minus_ctypes_p75_ns'] / 1000:+.2f}]; "
+              f"ctypes fast path overhead: {med['ctypes_overhead_ns'] / 1000:.2f} us")
+    else:
+        print(f"kalos._fastcall not in use ({kalos._fastpath.disabled_reason}): 'py' is the ctypes fast path")
+    print("variant   p50 us   p99 us")
+    for name in ("c", "py", "ctypes", "baseline", "raw"):
+        if f"{name}_p50_ns" in med:
+            print(f"{name:8} {med[f'{name}_p50_ns'] / 1000:7.2f}  {med[f'{name}_p99_ns'] / 1000:7.2f}")
     if a.baseline:
         print(f"baseline {a.baseline}: overhead {med['baseline_overhead_ns'] / 1000:.2f} us, "
               f"baseline - bare ctypes: {med['baseline_minus_raw_ns'] / 1000:.2f} us, "

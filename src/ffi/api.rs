@@ -25,7 +25,15 @@ fn null(what: &str) -> Error {
     Error::new(Status::NullPointer, format!("{what} is NULL"))
 }
 
-/// Borrows a caller slice; NULL is allowed only for an empty slice.
+fn misaligned<T>(what: &str) -> Error {
+    Error::new(
+        Status::InvalidArgument,
+        format!("{what} is not aligned to {} bytes (its element type's alignment)", std::mem::align_of::<T>()),
+    )
+}
+
+/// Borrows a caller slice; NULL is allowed only for an empty slice. A pointer not aligned for
+/// `T` is INVALID_ARGUMENT.
 ///
 /// # Safety
 /// `p` must point to `len` valid elements (or be NULL with len 0) for the duration of the call.
@@ -35,6 +43,9 @@ unsafe fn slice<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T]> {
             return Ok(&[]);
         }
         return Err(null(what));
+    }
+    if !p.is_aligned() {
+        return Err(misaligned::<T>(what));
     }
     // SAFETY: the caller promises p points to len valid elements.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
@@ -48,6 +59,9 @@ unsafe fn slice_mut<'a, T>(p: *mut T, len: usize, what: &str) -> Result<&'a mut 
             return Ok(&mut []);
         }
         return Err(null(what));
+    }
+    if !p.is_aligned() {
+        return Err(misaligned::<T>(what));
     }
     // SAFETY: the caller promises p points to len writable elements, unaliased during the call.
     Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })

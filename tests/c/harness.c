@@ -293,6 +293,16 @@ static void test_errors(void) {
     CHECK_STATUS(kalos_recall(h, q, 4, 5, NULL, rid, 8, rsc, 8, &cnt), KALOS_OK);
     CHECK(cnt == 0, "empty store returns 0 hits, got %zu", cnt);
 
+    /* buffers not aligned for their element type are refused, not read */
+    {
+        unsigned char raw[64] __attribute__((aligned(16)));
+        memcpy(raw + 1, q, sizeof q);
+        CHECK_STATUS(kalos_recall(h, (const float *)(raw + 1), 4, 5, NULL, rid, 8, rsc, 8, &cnt), KALOS_INVALID_ARGUMENT);
+        CHECK(strstr(kalos_last_error(), "query is not aligned") != NULL, "misaligned query: %s", kalos_last_error());
+        CHECK_STATUS(kalos_recall(h, q, 4, 5, NULL, (uint64_t *)(raw + 4), 5, rsc, 8, &cnt), KALOS_INVALID_ARGUMENT);
+        CHECK_STATUS(kalos_upsert(h, (const uint64_t *)(raw + 2), 1, q, 4, NULL), KALOS_INVALID_ARGUMENT);
+    }
+
     /* bad upserts change nothing */
     CHECK_STATUS(kalos_upsert(h, ids, 3, v, 11, NULL), KALOS_DIMENSION_MISMATCH);
     float vnan[4] = {1, NAN, 0, 0};

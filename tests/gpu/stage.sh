@@ -22,6 +22,12 @@ cp tests/c/build/conc_client_gpu .gpu/conc_client
 cp $T/release/kalosd $T/release/examples/gpu_probe .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
+# The recall fast path's C extension, on CPython's stable ABI: this build serves the machine's
+# Python 3.12 as well (the package falls back to ctypes without it).
+rm -f .gpu/python/kalos/*.so .gpu/python/kalos/*.c
+gcc -O2 -Wall -Wextra -Werror -shared -fPIC \
+  -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+  bindings/python/kalos/_fastcall.c -o .gpu/python/kalos/_fastcall.abi3.so
 # Debug info is most of the size: stripped, two staged builds fit in one device call's carry.
 strip .gpu/libkalos.so .gpu/kalosd .gpu/gpu_probe .gpu/c_harness .gpu/bench_recall .gpu/conc_client
 git rev-parse --short HEAD > .gpu/COMMIT

@@ -17,6 +17,11 @@ site = Path(sysconfig.get_paths()["purelib"]).resolve()
 assert kalos.__version__ == version, (kalos.__version__, version)
 assert kalos.version() == version, (kalos.version(), version)
 assert Path(kalos.library_path).resolve().parent == site / "kalos", kalos.library_path
+# The wheel carries the recall fast path (kalos._fastcall, stable ABI) and this Python uses it.
+assert kalos._FASTCALL is not None, kalos._fastpath.disabled_reason
+from kalos import _fastcall  # noqa: E402
+
+assert Path(_fastcall.__file__).resolve() == site / "kalos" / "_fastcall.abi3.so", _fastcall.__file__
 assert "open" not in kalos.__all__ and "__version__" in kalos.__all__
 ns: dict = {}
 exec("from kalos import *", ns)

@@ -5,7 +5,8 @@
 #   C       the tarball unpacked as a prefix; consumer.c built with `pkg-config --cflags --libs
 #           kalos`; the soname, the program's DT_NEEDED and its run are checked
 #   Python  a fresh venv with only the wheel (and numpy) installed; consumer.py run from /:
-#           __version__, bundled library, __all__, a store, the kalosd console command; then
+#           __version__, bundled library, the C recall fast path in use, __all__, a store, the
+#           kalosd console command; then
 #           KALOS_LIBRARY pointing at the tarball's library overrides the bundled one
 #   Go      a new module requiring the binding at the crate version from dist/goproxy
 #           (GOPROXY=file://..., its own module cache), linked through pkg-config, run
@@ -48,7 +49,7 @@ ok "C program built with pkg-config runs against the tarball ($SOVER)"
 
 echo "== Python: wheel in a fresh venv, used from /"
 # With KALOS_MANYLINUX (as in CI) the wheel must carry exactly that tag.
-WHEEL=$(ls "$DIST"/kalos-"$VERSION"-py3-none-manylinux_"${KALOS_MANYLINUX:-*}"_x86_64.whl)
+WHEEL=$(ls "$DIST"/kalos-"$VERSION"-cp39-abi3-manylinux_"${KALOS_MANYLINUX:-*}"_x86_64.whl)
 python3 -m venv "$OUT/venv"
 "$OUT/venv/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL"
 cp "$HERE/consumer.py" "$OUT/"
@@ -57,7 +58,7 @@ lib="$PREFIX/lib/libkalos.so.$VERSION"
 got=$(cd / && KALOS_LIBRARY="$lib" "$OUT/venv/bin/python" -c 'import kalos; print(kalos.library_path)')
 [[ $got == "$lib" ]] || { echo "KALOS_LIBRARY did not override the bundled library: $got" >&2; exit 1; }
 "$OUT/venv/bin/kalosd" --help >/dev/null
-ok "wheel $(basename "$WHEEL"): import from /, store, kalosd command, KALOS_LIBRARY override"
+ok "wheel $(basename "$WHEEL"): import from /, C fast path, store, kalosd command, KALOS_LIBRARY override"
 
 echo "== Go: module from dist/goproxy, cgo through pkg-config"
 mkdir -p "$OUT/goapp"

@@ -40,7 +40,7 @@ from typing import (
 
 import numpy as np
 
-from . import _ffi
+from . import _fastpath, _ffi
 from . import filters as _filters
 from ._version import __version__
 from ._ffi import (
@@ -72,6 +72,9 @@ __all__ = [
 
 _lib = _ffi.lib
 _recall = _lib.kalos_recall
+#: Wraps a _Frame for the C fast path of Kalos.recall (kalos._fastcall), or None: the ctypes
+#: fast path (kalos._fastpath says when and why).
+_FASTCALL = _fastpath.load()
 _recall_with_raw = _ffi.lib_raw.kalos_recall_with
 _last_error = _lib.kalos_last_error
 
@@ -137,20 +140,21 @@ else:  # pragma: no cover
 
 
 def _f32_1d(x: ArrayLike) -> np.ndarray:
-    """A C-contiguous float32 1-D view of x: no copy when it already is one."""
-    if type(x) is _NDARRAY and x.dtype is _F32 and x.ndim == 1 and x.flags.c_contiguous:
+    """A C-contiguous, aligned float32 1-D view of x: no copy when it already is one (the
+    library reads float arrays at 4-byte alignment; an offset buffer is copied)."""
+    if type(x) is _NDARRAY and x.dtype is _F32 and x.ndim == 1 and x.flags.c_contiguous and x.flags.aligned:
         return x
-    return np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+    return np.require(np.asarray(x, dtype=_F32), requirements="CA").reshape(-1)
 
 
 def _f32_c(x: ArrayLike) -> np.ndarray:
-    if type(x) is _NDARRAY and x.dtype is _F32 and x.flags.c_contiguous:
+    if type(x) is _NDARRAY and x.dtype is _F32 and x.flags.c_contiguous and x.flags.aligned:
         return x
-    return np.ascontiguousarray(x, dtype=_F32)
+    return np.require(np.asarray(x, dtype=_F32), requirements="CA")
 
 
 def _u64_1d(x: ArrayLike) -> np.ndarray:
-    if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous:
+    if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous and x.flags.aligned:
         return x
     a = np.asarray(x)
     if a.dtype.kind in "fO" and not isinstance(x, np.ndarray):
@@ -163,7 +167,7 @@ def _u64_1d(x: ArrayLike) -> np.ndarray:
         raise OverflowError("ids and namespaces are unsigned 64-bit integers; got a negative value")
     if a.dtype.kind not in "iub" and a.size:
         raise TypeError(f"ids and namespaces must be integers, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=_U64).reshape(-1)
+    return np.require(np.asarray(a, dtype=_U64), requirements="CA").reshape(-1)
 
 
 def _index(v: Any, what: str) -> int:
@@ -290,6 +294,9 @@ class _Frame:
     copy-out is two ``ndarray.copy()`` calls. ``busy`` is set while the struct and buffers are
     in use: a recall re-entered on the same thread (a signal handler or a finalizer run in
     between) takes the general path instead of overwriting them.
+
+    When ``kalos._fastcall`` is installed (``_FASTCALL``), a ``_fastcall.Frame`` wrapping a
+    ``_Frame`` runs these steps in C over the same struct and buffers (kalos/_fastcall.c).
     """
 
     __slots__ = ("a", "ap", "qlen", "k", "ids", "scores", "busy", "c", "ids_c", "scores_c")
@@ -570,8 +577,11 @@ class Kalos:
                 query, k, namespace, namespaces, recency_weight, half_life, timeout, filter,
                 read_your_writes, allow_stale, min_seqs,
             )
-        # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous float32
-        # query, and a per-thread pre-built argument frame (see _Frame).
+        # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous, aligned
+        # float32 query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
+        # its C frame checks the query and k and makes the call; it returns None when they do
+        # not qualify or the frame is busy, and the general path below runs. Without it, the
+        # ctypes fast path (elif) does the same in Python.
         if (
             namespace is None
             and namespaces is None
@@ -581,41 +591,56 @@ class Kalos:
             and not read_your_writes
             and not allow_stale
             and min_seqs is None
-            and type(query) is _NDARRAY
-            and query.dtype is _F32
-            and query.ndim == 1
-            and query.flags.c_contiguous
-            and 0 < k <= _FAST_MAX_K
         ):
-            try:
-                f = self._tls.frame
-            except AttributeError:
-                f = self._tls.frame = _Frame(self._h)
-            if not f.busy:
-                f.busy = True
+            if _FASTCALL is not None:
                 try:
-                    a = f.a
-                    a.query = _from_address(id(query) + _DATA_OFFSET).value
-                    n = len(query)
-                    if n != f.qlen:
-                        a.query_len = f.qlen = n
-                    if k != f.k:
-                        a.k = f.k = k
-                    self._active.append(None)
+                    fc = self._tls.fastcall
+                except AttributeError:
+                    fc = self._tls.fastcall = _FASTCALL(_Frame(self._h))
+                r = fc(self, query, k)
+                if r.__class__ is tuple:
+                    return r
+                if r is not None:
+                    if r < 0:
+                        raise self._closed_error()
+                    _check(r)
+            elif (
+                type(query) is _NDARRAY
+                and query.dtype is _F32
+                and query.ndim == 1
+                and query.flags.c_contiguous
+                and query.flags.aligned
+                and 0 < k <= _FAST_MAX_K
+            ):
+                try:
+                    f = self._tls.frame
+                except AttributeError:
+                    f = self._tls.frame = _Frame(self._h)
+                if not f.busy:
+                    f.busy = True
                     try:
-                        if self._closing:
-                            raise self._closed_error()
-                        rc = _recall_with_raw(f.ap)
+                        a = f.a
+                        a.query = _from_address(id(query) + _DATA_OFFSET).value
+                        n = len(query)
+                        if n != f.qlen:
+                            a.query_len = f.qlen = n
+                        if k != f.k:
+                            a.k = f.k = k
+                        self._active.append(None)
+                        try:
+                            if self._closing:
+                                raise self._closed_error()
+                            rc = _recall_with_raw(f.ap)
+                        finally:
+                            self._active.pop()
+                        if rc:
+                            _check(rc)
+                        c = a.count
+                        if c != f.c:
+                            f.c, f.ids_c, f.scores_c = c, f.ids[:c], f.scores[:c]
+                        return f.ids_c.copy(), f.scores_c.copy()
                     finally:
-                        self._active.pop()
-                    if rc:
-                        _check(rc)
-                    c = a.count
-                    if c != f.c:
-                        f.c, f.ids_c, f.scores_c = c, f.ids[:c], f.scores[:c]
-                    return f.ids_c.copy(), f.scores_c.copy()
-                finally:
-                    f.busy = False
+                        f.busy = False
         # General path: filters, recency, per-call timeout, cluster options, any array-like query.
         k = _index(k, "k")
         q = _f32_1d(query)

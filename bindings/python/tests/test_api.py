@@ -112,7 +112,9 @@ def test_recall_results_outlive_later_calls(kv):
 
 def test_recall_reentered_on_the_same_thread(kv, monkeypatch):
     """A recall run on the same thread while another is between its C call and its copy-out (a
-    signal handler or a finalizer could do that) must not clobber the outer call's results."""
+    signal handler or a finalizer could do that) must not clobber the outer call's results.
+    The ctypes fast path here; test_fastcall.py has the C extension's."""
+    monkeypatch.setattr(kalos, "_FASTCALL", None)
     kv.upsert([1, 2], np.eye(2, 16, dtype=np.float32))
     q1, q2 = np.eye(2, 16, dtype=np.float32)
     real, inner = kalos._recall_with_raw, []

@@ -95,9 +95,11 @@ def test_close_while_threads_run(name):
     assert outcomes["other"] == [] and outcomes["ok"] > 0 and outcomes["closed"] == 6
 
 
-def test_gil_released_during_wait(name):
+@pytest.mark.parametrize("path", ["general", "fast"])
+def test_gil_released_during_wait(name, path):
     """A recall blocked on a stopped server does not stall other Python threads: ctypes.CDLL
-    drops the GIL around each foreign call."""
+    drops the GIL around each foreign call, and so does kalos._fastcall (the fast path: a
+    float32 query, the handle's timeout)."""
     import os
     import signal
 
@@ -105,7 +107,7 @@ def test_gil_released_during_wait(name):
 
     p = _serve(name)
     try:
-        with kalos.open(name, role="client", heartbeat_timeout=30) as kv:
+        with kalos.open(name, role="client", heartbeat_timeout=30, timeout=2.0) as kv:
             kv.upsert([1], np.ones(4))
             os.kill(p.pid, signal.SIGSTOP)
             time.sleep(0.1)  # let the stop take effect
@@ -113,7 +115,10 @@ def test_gil_released_during_wait(name):
 
             def blocked():
                 try:
-                    kv.recall(np.ones(4), k=1, timeout=2.0)
+                    if path == "fast":
+                        kv.recall(np.ones(4, np.float32), k=1)
+                    else:
+                        kv.recall(np.ones(4), k=1, timeout=2.0)
                 except kalos.KalosTimeoutError as e:
                     result.append(e)
 

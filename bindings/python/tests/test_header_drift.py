@@ -210,11 +210,13 @@ def test_fast_path_frame_matches_prototype():
 
 
 def test_fast_path_call_passes_prototype_types(monkeypatch):
-    """What the fast path really hands to kalos_recall_with: the frame's c_void_p, with the
-    query's data pointer, its length and k stored in the struct it points to."""
+    """What the ctypes fast path really hands to kalos_recall_with: the frame's c_void_p, with
+    the query's data pointer, its length and k stored in the struct it points to (the C
+    extension's frame: test_fastcall.py)."""
     import numpy as np
     from conftest import unique_name
 
+    monkeypatch.setattr(kalos, "_FASTCALL", None)
     calls = []
     real = kalos._recall_with_raw
 

@@ -1,0 +1,361 @@
+/* kalos._fastcall: the recall fast path of kalos.Kalos.recall in C.
+ *
+ * One call of a Frame does what the Python fast path does with several bytecodes and a ctypes
+ * call: check the query, store its pointer, length and k in the thread's kalos_recall_args
+ * struct, enter the handle's close guard, call kalos_recall_with with the GIL released, and
+ * copy the first `count` ids and scores out of the frame's result buffers into two arrays
+ * made by numpy.empty (with the (count, dtype) arguments kept from the last call with the same
+ * count: cheaper than ndarray.copy() of views).
+ *
+ * Built against the stable ABI (Py_LIMITED_API 3.9: one build serves CPython 3.9+) with no
+ * numpy headers and no link to libkalos.so: kalos/__init__.py hands each Frame the address of
+ * kalos_recall_with (from ctypes), the offsets of the struct's fields (from the ctypes struct
+ * that tests/test_header_drift.py checks against include/kalos.h), the ndarray type, the
+ * float32 dtype and numpy.empty. Arrays are read and written through their ndarray header (the
+ * layout numpy's own PyArray_DATA/NDIM/DIMS/DESCR/FLAGS accessors read); kalos/_fastpath.py
+ * verifies that layout with probe() at import and uses the ctypes path when it does not hold.
+ *
+ * Frame(owner, query, k) returns:
+ *   (ids, scores)  fresh uint64 and float32 arrays of the hits (copies, never the buffers);
+ *   None           the call does not qualify: query not an exact ndarray of the float32 dtype,
+ *                  1-D, C-contiguous and 4-byte aligned; k not an int in 1..max_k; or the frame is in use by a
+ *                  call further up this thread's stack (a finalizer or signal handler run
+ *                  during the copy-out). The caller takes its general path;
+ *   -1             the owner is closing (its `_closing` is true): nothing was called;
+ *   a status > 0   kalos_recall_with failed with it (the library's message is in
+ *                  kalos_last_error() of this thread).
+ *
+ * Close guard, as in kalos/__init__.py: the call appends to owner._active, then reads
+ * owner._closing; Kalos.close() sets _closing, then waits for _active to empty. Both happen
+ * under the GIL, so either the call sees _closing or close() sees the call.
+ *
+ * Threads: a Frame belongs to one thread (kalos/__init__.py keeps one per thread and handle);
+ * the GIL is released only around kalos_recall_with, which may block up to its timeout.
+ */
+#define Py_LIMITED_API 0x03090000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int32_t (*recall_with_fn)(void *args);
+
+/* The leading fields of numpy's PyArrayObject_fields (numpy/ndarraytypes.h), unchanged since
+ * numpy 1.7 and in numpy 2. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} np_fields;
+
+#define NPY_C_CONTIGUOUS 0x0001
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *keep;     /* owns the kalos_recall_args memory (the ctypes struct) */
+    char *args;         /* its address */
+    recall_with_fn fn;  /* kalos_recall_with */
+    Py_ssize_t off_query, off_query_len, off_k, off_count;
+    PyObject *nd_type;  /* numpy.ndarray */
+    PyObject *f32;      /* numpy.dtype(numpy.float32) */
+    PyObject *empty;    /* numpy.empty */
+    PyObject *ids;      /* uint64 result buffer of cap entries, the struct's ids */
+    PyObject *scores;   /* float32 result buffer of cap entries, the struct's scores */
+    PyObject *ids_new;  /* (c, ids.dtype) and (c, scores.dtype) for the last count c */
+    PyObject *scores_new;
+    Py_ssize_t c;
+    Py_ssize_t cap;     /* the buffers' length: the largest k and count */
+    int busy;
+} Frame;
+
+static PyObject *str_active, *str_closing;
+
+static void frame_dealloc(PyObject *self) {
+    Frame *f = (Frame *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(f->keep);
+    Py_XDECREF(f->nd_type);
+    Py_XDECREF(f->f32);
+    Py_XDECREF(f->empty);
+    Py_XDECREF(f->ids);
+    Py_XDECREF(f->scores);
+    Py_XDECREF(f->ids_new);
+    Py_XDECREF(f->scores_new);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* (count, dtype of buf): the arguments of numpy.empty for a copy of count entries of buf. */
+static PyObject *empty_args(PyObject *buf, Py_ssize_t count) {
+    return Py_BuildValue("(nO)", count, ((np_fields *)buf)->descr);
+}
+
+/* Frame(keep, args_addr, fn_addr, off_query, off_query_len, off_k, off_count, ids, scores,
+ *       cap, ndarray, float32_dtype, numpy_empty): ids and scores are C-contiguous ndarrays of
+ *       cap uint64 and float32 entries, the buffers the struct points to. */
+static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
+    PyObject *keep, *args_addr, *fn_addr, *ids, *scores, *nd_type, *f32, *empty;
+    Py_ssize_t oq, oql, ok, oc, cap;
+    if (kw && PyObject_Length(kw) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Frame() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOO:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc, &ids,
+                          &scores, &cap, &nd_type, &f32, &empty))
+        return NULL;
+    if ((PyObject *)Py_TYPE(ids) != nd_type || (PyObject *)Py_TYPE(scores) != nd_type) {
+        PyErr_SetString(PyExc_TypeError, "Frame: ids and scores must be ndarrays");
+        return NULL;
+    }
+    void *args = PyLong_AsVoidPtr(args_addr);
+    if (!args && PyErr_Occurred()) return NULL;
+    void *fn = PyLong_AsVoidPtr(fn_addr);
+    if (!fn && PyErr_Occurred()) return NULL;
+    if (!args || !fn || oq < 0 || oql < 0 || ok < 0 || oc < 0 || cap <= 0) {
+        PyErr_SetString(PyExc_ValueError, "Frame: null address, negative offset or empty buffers");
+        return NULL;
+    }
+    PyObject *ids_new = empty_args(ids, 0);
+    if (!ids_new) return NULL;
+    PyObject *scores_new = empty_args(scores, 0);
+    if (!scores_new) {
+        Py_DECREF(ids_new);
+        return NULL;
+    }
+    allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+    Frame *f = (Frame *)alloc(tp, 0);
+    if (!f) {
+        Py_DECREF(ids_new);
+        Py_DECREF(scores_new);
+        return NULL;
+    }
+    Py_INCREF(keep);
+    Py_INCREF(nd_type);
+    Py_INCREF(f32);
+    Py_INCREF(empty);
+    Py_INCREF(ids);
+    Py_INCREF(scores);
+    f->keep = keep;
+    f->args = (char *)args;
+    /* A data pointer converted to a function pointer: POSIX guarantees they have the same
+     * representation (dlsym returns functions as void *). */
+    f->fn = (recall_with_fn)fn;
+    f->off_query = oq;
+    f->off_query_len = oql;
+    f->off_k = ok;
+    f->off_count = oc;
+    f->nd_type = nd_type;
+    f->f32 = f32;
+    f->empty = empty;
+    f->ids = ids;
+    f->scores = scores;
+    f->ids_new = ids_new;
+    f->scores_new = scores_new;
+    f->c = 0;
+    f->cap = cap;
+    f->busy = 0;
+    return (PyObject *)f;
+}
+
+/* Removes the entry this call appended to owner._active (list.pop() in Python). */
+static void active_pop(PyObject *active) {
+    Py_ssize_t n = PyList_Size(active);
+    if (n > 0 && PyList_SetSlice(active, n - 1, n, NULL) == 0) return;
+    PyErr_Clear(); /* not reached: the list holds at least this call's entry */
+}
+
+static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
+    Frame *f = (Frame *)self;
+    if (kw || PyTuple_Size(a) != 3) {
+        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k)");
+        return NULL;
+    }
+    PyObject *owner = PyTuple_GetItem(a, 0);
+    PyObject *query = PyTuple_GetItem(a, 1);
+    PyObject *kobj = PyTuple_GetItem(a, 2);
+    if (f->busy || (PyObject *)Py_TYPE(query) != f->nd_type) Py_RETURN_NONE;
+    np_fields *q = (np_fields *)query;
+    if (q->nd != 1 || q->descr != f->f32 || !(q->flags & NPY_C_CONTIGUOUS) || ((uintptr_t)q->data & 3u) ||
+        !PyLong_Check(kobj))
+        Py_RETURN_NONE;
+    int overflow = 0;
+    long long k = PyLong_AsLongLongAndOverflow(kobj, &overflow);
+    if (overflow || k <= 0 || k > f->cap) Py_RETURN_NONE;
+
+    PyObject *active = PyObject_GetAttr(owner, str_active);
+    if (!active) return NULL;
+    if (!PyList_Check(active)) {
+        Py_DECREF(active);
+        PyErr_SetString(PyExc_TypeError, "owner._active must be a list");
+        return NULL;
+    }
+    if (PyList_Append(active, Py_None) < 0) {
+        Py_DECREF(active);
+        return NULL;
+    }
+    PyObject *closing = PyObject_GetAttr(owner, str_closing);
+    int is_closing = closing ? PyObject_IsTrue(closing) : -1;
+    Py_XDECREF(closing);
+    if (is_closing != 0) {
+        if (is_closing < 0) {
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            active_pop(active);
+            PyErr_Restore(et, ev, tb);
+            Py_DECREF(active);
+            return NULL;
+        }
+        active_pop(active);
+        Py_DECREF(active);
+        return PyLong_FromLong(-1);
+    }
+
+    f->busy = 1;
+    char *s = f->args;
+    *(char **)(s + f->off_query) = q->data;
+    *(size_t *)(s + f->off_query_len) = (size_t)q->dimensions[0];
+    *(uint32_t *)(s + f->off_k) = (uint32_t)k;
+    recall_with_fn fn = f->fn;
+    int32_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fn(s);
+    Py_END_ALLOW_THREADS
+    active_pop(active);
+    Py_DECREF(active);
+    if (rc != 0) {
+        f->busy = 0;
+        return PyLong_FromLong(rc);
+    }
+
+    PyObject *ids = NULL, *scores = NULL, *out = NULL;
+    Py_ssize_t c = (Py_ssize_t)*(size_t *)(s + f->off_count);
+    if (c < 0 || c > k) {
+        PyErr_Format(PyExc_SystemError, "kalos_recall_with reported %zd hits for k = %lld", c, k);
+        goto done;
+    }
+    if (c != f->c) {
+        PyObject *in = empty_args(f->ids, c);
+        if (!in) goto done;
+        PyObject *sn = empty_args(f->scores, c);
+        if (!sn) {
+            Py_DECREF(in);
+            goto done;
+        }
+        PyObject *old_i = f->ids_new, *old_s = f->scores_new;
+        f->ids_new = in;
+        f->scores_new = sn;
+        f->c = c;
+        Py_DECREF(old_i);
+        Py_DECREF(old_s);
+    }
+    ids = PyObject_CallObject(f->empty, f->ids_new);
+    if (!ids) goto done;
+    scores = PyObject_CallObject(f->empty, f->scores_new);
+    if (!scores) goto done;
+    if ((PyObject *)Py_TYPE(ids) != f->nd_type || (PyObject *)Py_TYPE(scores) != f->nd_type) {
+        PyErr_SetString(PyExc_SystemError, "numpy.empty returned something other than an ndarray");
+        goto done;
+    }
+    memcpy(((np_fields *)ids)->data, ((np_fields *)f->ids)->data, (size_t)c * sizeof(uint64_t));
+    memcpy(((np_fields *)scores)->data, ((np_fields *)f->scores)->data, (size_t)c * sizeof(float));
+    out = PyTuple_Pack(2, ids, scores);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(scores);
+    f->busy = 0;
+    return out;
+}
+
+static PyObject *frame_get_busy(PyObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(((Frame *)self)->busy);
+}
+
+static int frame_set_busy(PyObject *self, PyObject *v, void *closure) {
+    (void)closure;
+    if (!v) {
+        PyErr_SetString(PyExc_TypeError, "cannot delete busy");
+        return -1;
+    }
+    int b = PyObject_IsTrue(v);
+    if (b < 0) return -1;
+    ((Frame *)self)->busy = b;
+    return 0;
+}
+
+static PyObject *frame_get_args(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr(((Frame *)self)->args);
+}
+
+static PyGetSetDef frame_getset[] = {
+    {"busy", frame_get_busy, frame_set_busy,
+     "True while a call uses the frame; a call that finds it set returns None.", NULL},
+    {"args", frame_get_args, NULL, "Address of the kalos_recall_args struct.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot frame_slots[] = {
+    {Py_tp_new, (void *)frame_new},
+    {Py_tp_dealloc, (void *)frame_dealloc},
+    {Py_tp_call, (void *)frame_call},
+    {Py_tp_getset, frame_getset},
+    {Py_tp_doc, "A kalos_recall_args struct and result buffers of one thread on one handle; "
+                "see the module's source for the call's contract."},
+    {0, NULL},
+};
+
+static PyType_Spec frame_spec = {
+    "kalos._fastcall.Frame",
+    sizeof(Frame),
+    0,
+    Py_TPFLAGS_DEFAULT,
+    frame_slots,
+};
+
+/* probe(obj): None when obj is not exactly of type `nd_type`; else (data address, ndim,
+ * length of the first axis or -1, C-contiguous flag, descr is `f32`) as read from the array
+ * header, for kalos/__init__.py to compare with numpy's own answers. */
+static PyObject *probe(PyObject *mod, PyObject *a) {
+    (void)mod;
+    PyObject *obj, *nd_type, *f32;
+    if (!PyArg_ParseTuple(a, "OOO:probe", &obj, &nd_type, &f32)) return NULL;
+    if ((PyObject *)Py_TYPE(obj) != nd_type) Py_RETURN_NONE;
+    np_fields *q = (np_fields *)obj;
+    return Py_BuildValue("(NinOO)", PyLong_FromVoidPtr(q->data), q->nd,
+                         (Py_ssize_t)(q->nd >= 1 ? q->dimensions[0] : -1),
+                         (q->flags & NPY_C_CONTIGUOUS) ? Py_True : Py_False, q->descr == f32 ? Py_True : Py_False);
+}
+
+static PyMethodDef methods[] = {
+    {"probe", probe, METH_VARARGS, "Reads an ndarray's header as a Frame call does (for the import check)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kalos._fastcall", "The recall fast path of kalos.Kalos.recall in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastcall(void) {
+    str_active = PyUnicode_InternFromString("_active");
+    str_closing = PyUnicode_InternFromString("_closing");
+    if (!str_active || !str_closing) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    PyObject *tp = PyType_FromSpec(&frame_spec);
+    if (!tp || PyModule_AddObject(m, "Frame", tp) < 0) {
+        Py_XDECREF(tp);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
