@@ -85,10 +85,17 @@ impl Router {
             Backend::Cpu => {}
         }
         let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-        let total = if self.threads == 0 { cores } else { self.threads };
+        // As the unsharded engine: all but one core (the clients') on hosts of 8 or more.
+        let total = match self.threads {
+            0 if cores >= super::cpu::SPIN_MIN_CORES => cores - 1,
+            0 => cores,
+            t => t,
+        };
         let per = (total / n).max(1);
         let (spin_ns, scan, rerank) = (self.spin_ns, self.scan, self.rerank);
-        let worker_spin = if cores >= super::cpu::SPIN_MIN_CORES { spin_ns } else { 0 };
+        // Shard threads poll between jobs only where every polling thread (each shard's engine
+        // threads and the server thread) has a core of its own.
+        let worker_spin = if cores >= super::cpu::SPIN_MIN_CORES && n * per < cores { spin_ns } else { 0 };
         let factory = move |_: usize| -> Result<Box<dyn Engine>> {
             let mut e = CpuEngine::for_server(per, spin_ns);
             e.set_scan(scan, rerank);
