@@ -37,9 +37,14 @@ fn int_vec(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-3i32..=3) as f32).collect()
 }
 
+/// `n` shards of one-thread CPU engines whose threads sleep between jobs (the caller then sleeps
+/// while it waits for them), or poll for `spin` after each (the caller polls too).
+fn sharded_spin(n: usize, placement: Placement, st: &Store, spin: Duration) -> ShardedEngine {
+    ShardedEngine::new(n, placement, st, spin, Arc::new(|_, _: &Store| Ok(Box::new(CpuEngine::new(1)) as Box<dyn Engine>))).unwrap()
+}
+
 fn sharded(n: usize, placement: Placement, st: &Store) -> ShardedEngine {
-    ShardedEngine::new(n, placement, st, Duration::ZERO, Arc::new(|_, _: &Store| Ok(Box::new(CpuEngine::new(1)) as Box<dyn Engine>)))
-        .unwrap()
+    sharded_spin(n, placement, st, Duration::ZERO)
 }
 
 fn fields(r: &mut StdRng, retyped: bool) -> Vec<Field> {
@@ -106,9 +111,11 @@ fn same(sh: &mut ShardedEngine, one: &mut CpuEngine, st: &Store, req: &SearchReq
 fn random_writes_and_recalls_match_one_engine() {
     let mut r = rng("random_writes_and_recalls_match_one_engine");
     for metric in [Metric::InnerProduct, Metric::L2, Metric::Cosine] {
-        for (shards, placement) in [(2, Placement::Id), (3, Placement::Namespace), (5, Placement::Id), (4, Placement::Namespace)] {
+        for (shards, placement, spin_ms) in
+            [(2, Placement::Id, 0), (3, Placement::Namespace, 0), (5, Placement::Id, 1), (4, Placement::Namespace, 0)]
+        {
             let mut st = Store::new(DIM, metric, 100_000, 0);
-            let mut sh = sharded(shards, placement, &st);
+            let mut sh = sharded_spin(shards, placement, &st, Duration::from_millis(spin_ms));
             let mut one = CpuEngine::new(1);
             let mut retyped = false;
             let mut recalls = 0;

@@ -112,9 +112,16 @@ impl Router {
     fn sharded(&mut self, backend: Backend, opts: &Options, store: &Store, devices: Vec<i32>) -> Result<Box<dyn Engine>> {
         let n = (opts.device_shards as usize).max(devices.len());
         let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-        let total = if self.threads == 0 { cores } else { self.threads };
+        // As the unsharded engine: all but one core (the clients') on hosts of 8 or more.
+        let total = match self.threads {
+            0 if cores >= super::cpu::SPIN_MIN_CORES => cores - 1,
+            0 => cores,
+            t => t,
+        };
         let per = (total / n).max(1);
-        let worker_spin = Duration::from_nanos(if cores >= super::cpu::SPIN_MIN_CORES { self.spin_ns } else { 0 });
+        // Shard threads poll between jobs only where every polling thread (each shard's engine
+        // threads and the server thread) has a core of its own.
+        let worker_spin = Duration::from_nanos(if cores >= super::cpu::SPIN_MIN_CORES && n * per < cores { self.spin_ns } else { 0 });
         if backend != Backend::Cpu {
             let gpu = if devices.is_empty() {
                 Err(Error::new(Status::BackendUnavailable, self.reason.clone()))

@@ -24,8 +24,11 @@
 //!   recall fails with that error until the store is reopened.
 //!
 //! The hand-off to a shard's thread is a job pointer and an epoch (a futex word): the thread
-//! busy-polls for `spin` after its last job, then sleeps; the caller spins (yielding the core)
-//! until every target shard has finished, so the job may borrow the caller's request.
+//! busy-polls for `spin` after its last job, then sleeps. The caller waits until every target
+//! shard has finished (so the job may borrow the caller's request): polling, yielding the core,
+//! while the shard threads poll too; when they sleep between jobs (hosts with few cores) it
+//! polls for [`CALLER_SPIN`], then sleeps on the shard's `done` word, so it never holds a core
+//! the shards need.
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -74,9 +77,11 @@ type Job = dyn Fn(usize, &mut Part) + Sync;
 struct Mailbox {
     /// Futex word: bumped once per job; the shard's thread sleeps on it.
     epoch: AtomicU32,
-    /// The epoch of the last job the thread finished.
+    /// Futex word: the epoch of the last job the thread finished; the caller may sleep on it.
     done: AtomicU32,
     sleeping: AtomicBool,
+    /// The caller sleeps (or is about to) on `done`.
+    waiting: AtomicBool,
     stop: AtomicBool,
     /// The current job; written by the caller only while the thread cannot read it (before the
     /// epoch that announces it is published, after the thread said it is done).
@@ -124,7 +129,14 @@ pub struct ShardedEngine {
     /// Why the shards can no longer answer (a write could not be applied to one of them).
     broken: Option<Error>,
     merge: TopK,
+    /// The shard threads' busy-poll window after a job (zero: they sleep at once, and the caller
+    /// sleeps too while it waits for them).
+    spin: Duration,
 }
+
+/// How long a caller polls (yielding) for shard threads that sleep between jobs before it
+/// sleeps itself until they finish.
+const CALLER_SPIN: Duration = Duration::from_micros(20);
 
 impl ShardedEngine {
     /// Starts `shards` threads (named `kalos-shard-N`), each building its engine with
@@ -142,12 +154,14 @@ impl ShardedEngine {
             row_ids: Vec::new(),
             broken: None,
             merge: TopK::new(1),
+            spin,
         };
         for i in 0..shards {
             let mb = Arc::new(Mailbox {
                 epoch: AtomicU32::new(0),
                 done: AtomicU32::new(0),
                 sleeping: AtomicBool::new(false),
+                waiting: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 job: UnsafeCell::new(None),
                 part: UnsafeCell::new(Part {
@@ -203,13 +217,23 @@ impl ShardedEngine {
         for &i in targets {
             let mb = &*self.shards[i].mb;
             let e = mb.epoch.load(Ordering::Relaxed);
+            let t0 = Instant::now();
             let mut spins = 0u32;
             while mb.done.load(Ordering::Acquire) != e {
                 spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(64) {
+                if !spins.is_multiple_of(64) {
+                    std::hint::spin_loop();
+                } else if !self.spin.is_zero() || t0.elapsed() < CALLER_SPIN {
                     std::thread::yield_now();
                 } else {
-                    std::hint::spin_loop();
+                    // Shard threads that sleep between jobs run where cores are few: a caller
+                    // that kept polling would take a core from the shards it waits for.
+                    mb.waiting.store(true, Ordering::SeqCst);
+                    let d = mb.done.load(Ordering::SeqCst);
+                    if d != e {
+                        futex::wait(&mb.done, d, Duration::from_millis(50));
+                    }
+                    mb.waiting.store(false, Ordering::SeqCst);
                 }
             }
             self.shards[i].len = self.shards[i].part().store.len();
@@ -354,8 +378,14 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(256) || last.elapsed() < mb.spin {
+            if !spins.is_multiple_of(256) {
                 std::hint::spin_loop();
+                continue;
+            }
+            if last.elapsed() < mb.spin {
+                // Polling, but never holding a core another runnable thread (the caller, a
+                // sibling shard) needs.
+                std::thread::yield_now();
                 continue;
             }
             mb.sleeping.store(true, Ordering::SeqCst);
@@ -372,7 +402,10 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
         if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(idx, part) })).is_err() {
             part.result = Err(Error::new(Status::Panic, format!("device shard {idx} panicked")));
         }
-        mb.done.store(seen, Ordering::Release);
+        mb.done.store(seen, Ordering::SeqCst);
+        if mb.waiting.load(Ordering::SeqCst) {
+            futex::wake(&mb.done, 1);
+        }
         last = Instant::now();
     }
 }
