@@ -32,7 +32,7 @@ typedef unsigned short u16;
 
 // Every constant shared with the host, and the dimension's geometry, come from the engine as
 // -D defines (src/engine/cuda/compile.rs, KernelSpec::options): one source of truth.
-#if !defined(NT) || !defined(CHUNK) || !defined(KMAX) || !defined(MAXNS) || !defined(PARAMS_BYTES) || !defined(PARAMS_HEAD) || !defined(SMEM_MAIN) || !defined(PROF_OFF) || !defined(FLAG_EXPIRY) || !defined(FLAG_RECENCY) || !defined(NS_INLINE) || !defined(FU) || !defined(DIM) || !defined(DTYPE) || !defined(METRIC) || !defined(VEC) || !defined(DP) || !defined(NV) || !defined(GS) || !defined(NCH) || !defined(QREG) || !defined(RU0) || !defined(BYVAL) || !defined(PROF)
+#if !defined(NT) || !defined(CHUNK) || !defined(KMAX) || !defined(MAXNS) || !defined(PARAMS_BYTES) || !defined(PARAMS_HEAD) || !defined(SMEM_MAIN) || !defined(PROF_OFF) || !defined(FLAG_EXPIRY) || !defined(FLAG_RECENCY) || !defined(FLAG_CUT) || !defined(KCUT) || !defined(NS_INLINE) || !defined(FU) || !defined(DIM) || !defined(DTYPE) || !defined(METRIC) || !defined(VEC) || !defined(DP) || !defined(NV) || !defined(GS) || !defined(NCH) || !defined(QREG) || !defined(RU0) || !defined(BYVAL) || !defined(PROF)
 #error "compile the kernels through KernelSpec::options (src/engine/cuda/compile.rs)"
 #endif
 // NT: threads per block. CHUNK: most rows one block scores. DP: padded row length (elements,
@@ -241,7 +241,8 @@ struct SelShared {
     u32 idneed, tie;  // tie: 1 when tied rows are cut by id (idprefix is the largest id taken)
     u32 cnt;
     u32 last;
-    u32 mbound, mtotal;  // values read from global memory by one thread for the whole block
+    u32 mbound, mtotal, mcut;  // values read from global memory by one thread for the whole block
+    u32 over;
 };
 
 // Inclusive scan of one value per thread (NT threads), top-down or bottom-up order handled by
@@ -704,6 +705,82 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
     SmemAcc a{mkey, mrow, ids};
     const u32 got = select_to(a, c, k, S, skey, srow);
     sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, dst);
+}
+
+// Accessor over keys in shared memory (no rows, no ids: a rule with `ties` only).
+struct KeyAcc {
+    const u32* keys;
+    __device__ __forceinline__ u32 key(u32 i) const { return keys[i]; }
+    __device__ __forceinline__ u32 row(u32 i) const { return i; }
+    __device__ __forceinline__ u64 id(u32 i) const { return 0ull; }
+};
+
+// Final merge of a FLAG_CUT single query (the last block): `grid` blocks each left kb sorted-or-not
+// candidates at fixed slots and their maximum at ckey[grid * kb + b]; the top k (k > kb) is
+// wanted. The k-th largest block maximum bounds the k-th key from below (k blocks each hold a
+// key at or above it), which leaves a few hundred of the grid * kb entries; they are compacted
+// into shared memory and ranked. `cutmax` is the largest key a block cut at (rows at or below it
+// may be missing): when fewer than k entries lie above it, the count word's top bit is set and
+// the caller scans again without the cut.
+#define CUT_FLAG 0x80000000u
+__device__ __noinline__ void merge_cut(const u32* ckey, const u32* crow, u32 grid, u32 kb, u32 k, u32 cutmax,
+                                       const u64* ids, unsigned char* smem, SelShared& S, unsigned char* out) {
+    const u32 t = threadIdx.x;
+    u64* out_ids = (u64*)(out + 8);
+    float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
+    u32* mkey = (u32*)smem;
+    u32* mrow = mkey + MCAP;
+    u32* skey = (u32*)(smem + MCAP * 8);
+    u32* srow = skey + KMAX;
+    u64* sid = (u64*)(srow + KMAX);
+    const u32 total = grid * kb;
+    u32 lo = 1u;
+    if (grid <= MCAP) {
+        for (u32 i = t; i < grid; i += NT) mrow[i] = __ldcg(ckey + total + i);
+        __syncthreads();
+        KeyAcc ka{mrow};
+        select_rule(ka, grid, k, S, true);
+        // The rule's prefix (its undecided low bits zero) is at most the k-th largest maximum.
+        if (!S.all) lo = max(lo, S.prefix);
+        __syncthreads();
+    }
+    if (t == 0) { S.cnt = 0; S.over = 0; }
+    __syncthreads();
+    u32 over = 0;
+    for (u32 i = t; i < total; i += NT) {
+        const u32 kk = __ldcg(ckey + i);
+        over += kk > cutmax ? 1u : 0u;
+        if (kk >= lo) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            if (p < MCAP) {
+                mkey[p] = kk;
+                mrow[p] = __ldcg(crow + i);
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) over += __shfl_xor_sync(0xffffffffu, over, o);
+    if ((t & 31) == 0 && over) atomicAdd(&S.over, over);
+    __syncthreads();
+    const u32 c = S.cnt;
+    const bool incomplete = cutmax != 0u && S.over < k;
+    if (PROF && t == 0) {
+        stamp(out, 5);
+        ((volatile u64*)(out + PROF_OFF))[8] = ((u64)total << 32) | c;  // candidates, survivors
+    }
+    __syncthreads();
+    if (c > MCAP) {  // heavy ties at the bound: select straight from global memory
+        FlatAcc a{ckey, crow, lo, ids};
+        const u32 got = select_to(a, total, k, S, skey, srow);
+        sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, nullptr);
+    } else if (c <= NT) {
+        rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out, nullptr);
+    } else {
+        SmemAcc a{mkey, mrow, ids};
+        const u32 got = select_to(a, c, k, S, skey, srow);
+        sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, nullptr);
+    }
+    if (t == 0 && incomplete) *(u32*)out |= CUT_FLAG;
 }
 
 #define FULLMASK 0xffffffffu

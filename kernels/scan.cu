@@ -157,7 +157,11 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     __syncthreads();
     if (PROF && b == 0 && t == 0) stamp(out, 1);
 
-    const u32 k = P.k;
+    // With FLAG_CUT (the int8 scan's R candidates, when grid * R overflows the merge's shared
+    // memory) each block keeps only its best KCUT: the merge then bounds the rows left out by
+    // the blocks' cuts and flags the answer when they could reach the R-th candidate.
+    const bool cut = (P.flags & FLAG_CUT) != 0u;
+    const u32 k = cut ? min(P.k, (u32)KCUT) : P.k;
     // The block's own top k: for k <= BOUND_K the keys below the group-max bound are dropped and
     // the rest ranked; else (or with heavy ties) by radix select, or by rank for a block of at
     // most SMALL_ROWS rows (into shared memory past the keys; at 10k x 128 on the H200 ranking
@@ -187,8 +191,22 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     // block than appending (on the H200 the GPU round trip went 17.3 -> 16.0 us at 10k x 128 f32
     // and 51.4 -> 49.4 us at 100k x 768 f16). Otherwise blocks append only the entries at or
     // above the bound, at a position from ctl[2].
-    const bool fixed = P.grid * k <= MCAP;
-    if (fixed) {
+    const bool fixed = cut || P.grid * k <= MCAP;
+    if (cut) {  // fixed slots, no bound (a block's KCUT-th key bounds no R-th key)
+        for (u32 i = t; i < k; i += NT) {
+            cand_key[b * k + i] = i < got ? skey[i] : 0u;
+            cand_row[b * k + i] = i < got ? srow[i] : 0u;
+        }
+        if (t == 0) {
+            u32 mx = 0u, mn = NONE_U32;
+            for (u32 i = 0; i < got; i++) {
+                mx = max(mx, skey[i]);
+                mn = min(mn, skey[i]);
+            }
+            cand_key[P.grid * k + b] = mx;  // the block maxima, past the slots
+            if (got == k) atomicMax(ctl + 3, mn);  // rows below its k-th key were left out
+        }
+    } else if (fixed) {
         raise_bound(skey, got, k, ctl + 1, S, false);
         for (u32 i = t; i < k; i += NT) {
             cand_key[b * k + i] = i < got ? skey[i] : 0u;
@@ -232,14 +250,17 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (t == 0) {
         S.mbound = __ldcg(ctl + 1);
         S.mtotal = fixed ? P.grid * k : __ldcg(ctl + 2);
+        S.mcut = __ldcg(ctl + 3);
         ctl[0] = 0u;
         ctl[1] = 0u;
         ctl[2] = 0u;
+        ctl[3] = 0u;
     }
     __syncthreads();
     const u32 bound = S.mbound, total = S.mtotal;
     if (PROF && t == 0) stamp(out, 4);
-    merge_flat(cand_key, cand_row, total, bound, k, T.ids, (u32*)P.dst, smem, S, out);
+    if (cut) merge_cut(cand_key, cand_row, P.grid, k, P.k, S.mcut, T.ids, smem, S, out);
+    else merge_flat(cand_key, cand_row, total, bound, k, T.ids, (u32*)P.dst, smem, S, out);
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __syncthreads();

@@ -1005,6 +1005,42 @@ def suite_int8(n=100_000, nq=8):
         print("INFO", tag, json.dumps(dict(certain=certain, uncertain=uncertain, engine=name)), flush=True)
         st.close()
         cpu.close()
+    suite_int8_cut()
+
+
+def suite_int8_cut(n=60_000, dim=128, run=400, nq=6):
+    """The int8 scan's cut (each block keeps 16 candidates when every block's R would overflow
+    the merge): a run of consecutive near-duplicates of the query puts the R candidates in one or
+    two blocks, so the cut drops some of them and the kernel must flag the answer for a scan
+    without the cut. The answers equal the CPU engine's, with rows in a random order beside."""
+    for dtype in (F16, F32):
+        tag = "int8cut/%s" % ["f32", "f16", "bf16"][dtype]
+        st = open_store(dim, IP, dtype=dtype, scan=1)
+        cpu = open_store(dim, IP, dtype=dtype, scan=1, backend=CPU)
+        X = rng.standard_normal((n, dim)).astype(np.float32)
+        c = rng.standard_normal(dim).astype(np.float32)
+        at = int(rng.integers(0, n - run))
+        X[at:at + run] = 3 * c + 0.2 * rng.standard_normal((run, dim)).astype(np.float32)
+        ids = np.arange(1, n + 1, dtype=np.uint64)
+        for s0 in range(0, n, 8192):  # in row order: the run stays consecutive in the table
+            st.upsert(ids[s0:s0 + 8192], X[s0:s0 + 8192])
+            cpu.upsert(ids[s0:s0 + 8192], X[s0:s0 + 8192])
+        for qi in range(nq):
+            near = qi % 2 == 0  # a query inside the run (cut flagged) or a random one (cut held)
+            q = (c if near else rng.standard_normal(dim)).astype(np.float32) + 0.3 * rng.standard_normal(dim).astype(np.float32)
+            for k in (1, 10, 50):
+                before = st.stats()
+                got = st.recall(q, k)
+                after = st.stats()
+                want = cpu.recall(q, k)
+                t = "%s/q%d%s/k=%d" % (tag, qi, "/near" if near else "", k)
+                same = np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1], rtol=0, atol=1e-6 * (1 + np.abs(want[1]).max(initial=0)))
+                record(t + "/same-as-cpu", same, got=got[0][:5].tolist(), want=want[0][:5].tolist())
+                record(t + "/int8-path", after.rerank_queries - before.rerank_queries == 1)
+                if near:
+                    record(t + "/in-run", bool(np.all((got[0] > at) & (got[0] <= at + run))), got=got[0][:5].tolist())
+        st.close()
+        cpu.close()
 
 
 def main():

@@ -53,6 +53,15 @@ pub(crate) const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
 pub(crate) const PROF_OFF: usize = 8 + KMAX * 12;
 pub(crate) const FLAG_EXPIRY: u32 = 1;
 pub(crate) const FLAG_RECENCY: u32 = 2;
+/// Single query: each block keeps at most `KCUT` candidates and the merge flags an answer the
+/// cut could have changed (the int8 scan's R candidates; kernels/scan.cu).
+pub(crate) const FLAG_CUT: u32 = 4;
+/// Candidates a block keeps under `FLAG_CUT`.
+pub(crate) const KCUT: usize = 16;
+/// Candidates the single-query merge takes into shared memory (`MCAP` in kernels/common.cuh).
+pub(crate) const MCAP: usize = 4096;
+/// Set in the single-query count word when a `FLAG_CUT` answer may miss rows.
+pub(crate) const CUT_FLAG: u32 = 0x8000_0000;
 /// Namespaces the compact single-query argument carries.
 pub(crate) const NS_INLINE: usize = 4;
 /// 16-byte score loads per thread per step of `batch_filter` (a step is NT * FU * 4 rows).
@@ -161,7 +170,7 @@ impl KernelSpec {
         let g = if self.codes { Geometry::of_codes(self.dim) } else { Geometry::of(self.dim, self.dtype) };
         // The kernels tell only l2 apart: cosine rows are stored normalised and scored as ip.
         let metric = if self.metric == Metric::L2 { 2 } else { 0 };
-        let defines: [(&str, u64); 26] = [
+        let defines: [(&str, u64); 28] = [
             ("NT", NT as u64),
             ("CHUNK", CHUNK as u64),
             ("KMAX", KMAX as u64),
@@ -172,6 +181,8 @@ impl KernelSpec {
             ("PROF_OFF", PROF_OFF as u64),
             ("FLAG_EXPIRY", FLAG_EXPIRY as u64),
             ("FLAG_RECENCY", FLAG_RECENCY as u64),
+            ("FLAG_CUT", FLAG_CUT as u64),
+            ("KCUT", KCUT as u64),
             ("NS_INLINE", NS_INLINE as u64),
             ("FU", FILTER_FU as u64),
             ("MQ_CAP", MQ_CAP as u64),

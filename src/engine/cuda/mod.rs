@@ -576,6 +576,7 @@ impl CudaEngine {
                 cand_cap: 0,
                 graphs: Default::default(),
                 table_override: None,
+                no_cut: false,
             },
             stats: Stats {
                 compact_sq: 0,
@@ -589,6 +590,8 @@ impl CudaEngine {
                 slot_batches: 0,
                 filter_phases: Vec::new(),
                 filter_guesses: [0; 2],
+                cut_queries: 0,
+                cut_retries: 0,
             },
             fcols: fields::DevFields::new(),
             int8,

@@ -35,6 +35,10 @@ pub(super) struct Stats {
     /// Single queries answered from a guessed plan: [the count then called for another plan,
     /// it confirmed the guess].
     pub(super) filter_guesses: [u64; 2],
+    /// int8 single queries whose blocks kept `KCUT` candidates each, and those of them scanned
+    /// again because the cut could have changed the answer.
+    pub(super) cut_queries: u64,
+    pub(super) cut_retries: u64,
 }
 
 pub(super) const FILTER_EMPTY: u8 = 0;
@@ -69,6 +73,15 @@ impl CudaEngine {
                 self.sq.mode,
                 s.compact_sq,
                 s.direct_writes
+            );
+        }
+        if s.cut_queries + s.cut_retries > 0 && crate::config::tuning_or_default().cuda_report {
+            eprintln!(
+                "kalos cuda engine ({}): {} int8 single queries kept {} candidates a block; {} more were scanned again without the cut (it could have changed their answer)",
+                self.describe(),
+                s.cut_queries,
+                super::compile::KCUT,
+                s.cut_retries
             );
         }
         if self.multi.passes > 0 && crate::config::tuning_or_default().cuda_report {

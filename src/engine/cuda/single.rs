@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::compile::{CHUNK, KMAX, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SMEM_MAIN};
+use super::compile::{CHUNK, CUT_FLAG, FLAG_CUT, KCUT, KMAX, MCAP, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SMEM_MAIN};
 use super::kernels::ScanFns;
 use super::table::TableArg;
 use super::{ck, cu_err, CudaEngine, DevBuf, HostBuf, Params, NONE_U32};
@@ -118,6 +118,8 @@ pub(super) struct Single {
     /// A table scanned in place of the device table (a sparse filter's compact rows, with the
     /// compact table's own mask) and the rows scanned.
     pub(super) table_override: Option<(TableArg, usize)>,
+    /// Set while a query the `FLAG_CUT` merge flagged is scanned again without the cut.
+    pub(super) no_cut: bool,
 }
 
 /// Which build of the single-query kernel a search runs, and how it reaches the GPU.
@@ -301,6 +303,12 @@ impl CudaEngine {
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
         let mut p = self.fill_params(req, store, n, k, grid, chunk);
+        // The int8 scan's R candidates: when every block's R would overflow the merge's shared
+        // memory, blocks keep KCUT each and the rare answer the cut could change is scanned again.
+        let cut = int8.is_some() && !self.sq.no_cut && k > KCUT && grid as usize * k > MCAP && grid as usize * KCUT >= 4 * k;
+        if cut {
+            p.flags |= FLAG_CUT;
+        }
         if self.metric == Metric::L2 {
             p.qnorm = q.iter().map(|x| x * x).sum();
         }
@@ -382,7 +390,16 @@ impl CudaEngine {
         // SAFETY: h_out holds PROF_OFF = 8 + 12 * KMAX >= 8 + 12 * k bytes, written by the kernel
         // before it published p.seq (wait_published's acquire fence orders the reads after it).
         let out = unsafe { std::slice::from_raw_parts(self.sq.h_out.ptr as *const u8, 8 + 12 * k) };
-        let count = u32::from_le_bytes(out[0..4].try_into().unwrap()) as usize;
+        let word = u32::from_le_bytes(out[0..4].try_into().unwrap());
+        if cut && word & CUT_FLAG != 0 {
+            self.stats.cut_retries += 1;
+            self.sq.no_cut = true;
+            let r = self.scan_one(store, req, q, k, int8, hits);
+            self.sq.no_cut = false;
+            return r;
+        }
+        self.stats.cut_queries += cut as u64;
+        let count = word as usize;
         if count > k {
             return Err(Error::new(Status::Cuda, format!("GPU returned {count} hits for k = {k}")));
         }
