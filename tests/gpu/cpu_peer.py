@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""numpy's best single query on the CPU, in-process: normalised f32 rows, scores = X @ q, top 10
+by argpartition + sort. Thread count from OMP/OPENBLAS_NUM_THREADS (cpu_host.sh sets them).
+Usage: cpu_peer.py N DIM ITERS; prints p50 / p99 in microseconds."""
+import sys
+import time
+
+import numpy as np
+
+n, d, it = (int(x) for x in sys.argv[1:4])
+rng = np.random.default_rng()
+X = rng.standard_normal((n, d), dtype=np.float32)
+X /= np.linalg.norm(X, axis=1, keepdims=True)
+Q = rng.standard_normal((64, d), dtype=np.float32)
+
+
+def one(q):
+    s = X @ q
+    i = np.argpartition(-s, 10)[:10]
+    return i[np.argsort(-s[i])]
+
+
+for q in Q[:5]:
+    one(q)
+t = []
+for j in range(it):
+    t0 = time.perf_counter()
+    one(Q[j % 64])
+    t.append(time.perf_counter() - t0)
+t = np.sort(np.array(t)) * 1e6
+print("%d x %d: p50 %.1f us, p99 %.1f us (%d queries)" % (n, d, t[len(t) // 2], t[int(len(t) * 0.99)], it))
