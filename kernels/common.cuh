@@ -69,7 +69,6 @@ struct ParamsHead {
     float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
 };
 static_assert(sizeof(ParamsHead) == PARAMS_HEAD, "Params head: mirrored in cuda/mod.rs (PARAMS_HEAD)");
-static_assert(KCUT % 4 == 0, "merge_cut reads the cut candidates four at a time");
 struct Params : ParamsHead {
     u64 ns[MAXNS];
     u64 dst;      // single query: device address of the client's slot (its response body), or 0
@@ -716,8 +715,8 @@ struct KeyAcc {
     __device__ __forceinline__ u64 id(u32 i) const { return 0ull; }
 };
 
-// Final merge of a FLAG_CUT single query (the last block): `grid` blocks each left kb (a multiple
-// of 4) candidates at fixed slots and their maximum at ckey[grid * kb + b]; the top k (k > kb) is
+// Final merge of a FLAG_CUT single query (the last block): `grid` blocks each left kb sorted-or-not
+// candidates at fixed slots and their maximum at ckey[grid * kb + b]; the top k (k > kb) is
 // wanted. The k-th largest block maximum bounds the k-th key from below (k blocks each hold a
 // key at or above it), which leaves a few hundred of the grid * kb entries; they are compacted
 // into shared memory and ranked. `cutmax` is the largest key a block cut at (rows at or below it
@@ -747,31 +746,15 @@ __device__ __noinline__ void merge_cut(const u32* ckey, const u32* crow, u32 gri
     }
     if (t == 0) { S.cnt = 0; S.over = 0; }
     __syncthreads();
-    // 16-byte loads, four in flight per thread (kb = KCUT is a multiple of 4); rows are read only
-    // for the entries kept.
     u32 over = 0;
-    const u32 nv = total / 4;
-    for (u32 v0 = t; v0 < nv; v0 += 4 * NT) {
-        uint4 kv[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const u32 v = v0 + u * NT;
-            kv[u] = v < nv ? __ldcg((const uint4*)ckey + v) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const u32 e[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const u32 kk = e[j];
-                over += kk > cutmax ? 1u : 0u;
-                if (kk >= lo) {
-                    const u32 p = atomicAdd(&S.cnt, 1u);
-                    if (p < MCAP) {
-                        mkey[p] = kk;
-                        mrow[p] = __ldcg(crow + 4 * (v0 + u * NT) + j);
-                    }
-                }
+    for (u32 i = t; i < total; i += NT) {
+        const u32 kk = __ldcg(ckey + i);
+        over += kk > cutmax ? 1u : 0u;
+        if (kk >= lo) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            if (p < MCAP) {
+                mkey[p] = kk;
+                mrow[p] = __ldcg(crow + i);
             }
         }
     }
