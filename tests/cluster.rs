@@ -662,18 +662,23 @@ fn host_cut_off_from_nats_refuses_writes_within_its_deadline() {
     assert!(e.message.contains("did not acknowledge") || e.message.contains("cut off"), "{e}");
     assert!(took < Duration::from_millis(5_000), "refused after {took:?}, past the write deadline");
 
-    // Cut: the connection drops; writes are refused at once, saying the host is cut off.
+    // Cut: the connection drops; writes are refused at once, saying the host is cut off. Until
+    // the host notices, a write may still wait for its acknowledgement and be refused as
+    // possibly logged (the client library may send it on reconnection): each attempt takes its
+    // own id, and only the ones refused as not logged must stay out of the store.
     proxy.set(CUT);
     let t0 = Instant::now();
-    loop {
-        let e = upsert_one(&d, 4, ns_in(0, 0)).unwrap_err();
+    let mut id = 100u64;
+    let not_logged = loop {
+        let e = upsert_one(&d, id, ns_in(0, 0)).unwrap_err();
         assert_eq!(e.status, Status::Unavailable, "{e}");
         if e.message.contains("cut off") {
             assert!(e.message.contains("not logged"), "{e}");
-            break;
+            break id;
         }
         assert!(t0.elapsed() < Duration::from_secs(15), "the host never noticed it was cut off: {e}");
-    }
+        id += 1;
+    };
     // Reads of its own shard: refused as possibly stale, unless the caller opts in; the
     // opt-in reply says how long the replica has been cut off.
     let plain = RecallOptions { namespaces: Some(vec![ns_in(0, 0)]), timeout_ms: Some(5_000), ..Default::default() };
@@ -695,6 +700,15 @@ fn host_cut_off_from_nats_refuses_writes_within_its_deadline() {
     }
     let o = RecallOptions { min_seqs: Some(token), ..scope };
     let got: HashMap<u64, f32> = d.recall(&vector(5), 10, &o).unwrap().into_iter().map(|h| (h.id, h.score)).collect();
-    assert!(got.contains_key(&5) && !got.contains_key(&3) && !got.contains_key(&4), "{got:?}");
+    assert!(got.contains_key(&5), "{got:?}");
+    // Write 3 was refused as possibly logged (black hole): either way is right. The write the
+    // host refused as not logged must be nowhere.
+    // D's own write 6 applied: anything sent before it on reconnection is applied too.
+    let t0 = Instant::now();
+    while d.get(&[6]).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "D never applied its write 6");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(d.get(&[not_logged]).unwrap_err().status, Status::NotFound, "write {not_logged} was refused as not logged");
     drop(hosts);
 }

@@ -1178,6 +1178,7 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     rerank: Optional[int] = None,
     device_shards: int = 0,
     placement: Union[str, int] = "id",
+    gpus: Union[str, Iterable[int], None] = None,
 ) -> Kalos:
     """Opens (or creates) the store ``name`` and returns a :class:`Kalos` handle.
 
@@ -1209,12 +1210,18 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
         device_shards: split the table into this many shards (default 0 = one table; at most
             64), each with its own engine on its own server thread; a recall scans the shards
             in parallel and merges their top-k, so answers are the same as unsharded ones.
-            Sharded stores run on the CPU engine (``backend="cuda"`` with more than one shard
-            raises :class:`InvalidArgumentError`, as does more than 64); ``stats()["engine_name"]``
-            starts with ``"shards<N>x["``.
+            On a CUDA store shard i runs on the i-th GPU of ``gpus`` (modulo their number);
+            with the CPU backend CPU engines play the shards. More than 64 raises
+            :class:`InvalidArgumentError`; ``stats()["engine_name"]`` starts with
+            ``"shards<N>x["``.
         placement: how a sharded store assigns memories to shards: ``"id"`` (default: a hash
             of the id, balanced shards) or ``"namespace"`` (a hash of the namespace: a recall
             scoped to namespaces scans only the shards that hold them).
+        gpus: the GPUs of a CUDA store: ``"all"``, or device ordinals such as ``[0, 1]``
+            (default: device 0 alone). More than one shards the table over them. A device the
+            host lacks raises :class:`InvalidArgumentError` with ``backend="cuda"``; with
+            ``backend="auto"`` the store serves on the CPU (``stats()["fallback_reason"]``
+            says why). Ignored by the CPU backend.
         max_payload_bytes, slots, slot_bytes, mode, threads, client_spin_ns, server_spin_ns,
         heartbeat_timeout (s), gpu_memory_bytes: see ``kalos_options`` in ``kalos.h``.
 
@@ -1238,6 +1245,17 @@ def open(  # noqa: A001 - `kalos.open` is the documented entry point
     if not 0 <= device_shards < 2**32:
         raise ValueError(f"device_shards must be a non-negative int, got {device_shards!r}")
     o.device_shards = device_shards
+    if isinstance(gpus, str):
+        if gpus.lower() != "all":
+            raise ValueError(f'gpus must be "all" or device ordinals, got {gpus!r}')
+        o.gpus = _ffi.KALOS_GPUS_ALL
+    elif gpus is not None:
+        mask = 0
+        for g in gpus:
+            if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 64:
+                raise ValueError(f"gpus: device ordinals are ints from 0 to 63, got {g!r}")
+            mask |= 1 << g
+        o.gpus = mask
     o.sync_policy = _enum(sync, _SYNCS, "sync")
     for field, val in (
         ("capacity", capacity),

@@ -85,6 +85,7 @@ KALOS_MAX_RERANK = 65536
 KALOS_PLACEMENT_ID = 0
 KALOS_PLACEMENT_NAMESPACE = 1
 KALOS_MAX_DEVICE_SHARDS = 64
+KALOS_GPUS_ALL = 0xFFFF_FFFF_FFFF_FFFF
 
 #: Status codes: name (as in ``KALOS_<NAME>`` and ``kalos_status_str``) -> value.
 STATUS_CODES = {
@@ -150,6 +151,7 @@ class kalos_options(Structure):
         ("rerank", c_uint32),
         ("device_shards", c_uint32),
         ("placement", c_uint32),
+        ("gpus", c_uint64),
     ]
 
 

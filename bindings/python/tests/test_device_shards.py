@@ -128,6 +128,16 @@ def test_device_shards_options_are_checked():
             assert g.stats()["engine_name"].startswith("shards2x[cuda"), g.stats()["engine_name"]
     except kalos.BackendUnavailableError as e:
         assert "CUDA" in str(e)
+    # gpus: "all" or ordinals, checked here; ignored by the CPU backend.
+    for bad in ("some", [64], [-1], [True], ["0"]):
+        with pytest.raises(ValueError, match="gpus"):
+            kalos.open(unique_name("gpusbad"), gpus=bad, **common)
+    for ok in ("all", "ALL", [0], [0, 1, 63], range(2)):
+        with kalos.open(unique_name("gpusok"), gpus=ok, device_shards=2, **common) as g:
+            assert g.stats()["engine_name"].startswith("shards2x[cpu"), g.stats()["engine_name"]
+    # On CUDA, device 63 exists on no host: a clear error (or no CUDA at all).
+    with pytest.raises((kalos.InvalidArgumentError, kalos.BackendUnavailableError)):
+        kalos.open(unique_name("gpus63"), gpus=[63], **dict(common, backend="cuda"))
     # One shard is one table; the largest count opens.
     with kalos.open(unique_name("shards1"), device_shards=1, **common) as one:
         assert not one.stats()["engine_name"].startswith("shards")
