@@ -113,8 +113,9 @@ impl LineVec {
         if want <= self.cap {
             return;
         }
-        let page = 1usize << 16;
-        let new_cap = want.max(self.cap.saturating_mul(2)).max(page).div_ceil(page) * page;
+        // Mapped in 64 KiB steps (whole 4 KiB pages).
+        let grain = 1usize << 16;
+        let new_cap = want.max(self.cap.saturating_mul(2)).max(grain).div_ceil(grain) * grain;
         let p = if self.cap == 0 {
             // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
             unsafe {
