@@ -1,5 +1,6 @@
-//! `kalosd doctor [--compile] [--arch sm_XX]...`: what this machine offers Kalos, and a compile
-//! of every kernel variant the engine can request, through the engine's own code
+//! `kalosd doctor [--compile [--quick]] [--arch sm_XX]...`: what this machine offers Kalos, and a
+//! compile of every kernel variant the engine can request (`--quick`: both ends of the
+//! dimension classes only; `compile::all_variants`), through the engine's own code
 //! (`KernelSpec::options`, `compile_cubin`) and whatever libnvrtc the process loads
 //! (`LD_LIBRARY_PATH` is honoured).
 
@@ -10,8 +11,8 @@ use std::time::Instant;
 use kalos::engine::cuda::compile::{self, KernelSpec, Module};
 use kalos::engine::cuda::{device, libraries_present};
 
-/// Runs the doctor (`--compile`, each `--arch`); returns the process exit status.
-pub fn run(do_compile: bool, mut archs: Vec<String>) -> i32 {
+/// Runs the doctor (`--compile`, `--quick`, each `--arch`); returns the process exit status.
+pub fn run(do_compile: bool, quick: bool, mut archs: Vec<String>) -> i32 {
     let gpu_arch = report();
     if !do_compile {
         return 0;
@@ -22,7 +23,7 @@ pub fn run(do_compile: bool, mut archs: Vec<String>) -> i32 {
             archs.push(a);
         }
     }
-    compile_all(&archs)
+    compile_all(&archs, quick)
 }
 
 /// Prints the machine report; returns the first GPU's architecture, if there is a GPU.
@@ -94,7 +95,7 @@ fn shm_space() -> Option<(u64, u64)> {
 }
 
 /// Compiles every variant for `archs` on all cores; prints failures with their NVRTC log.
-fn compile_all(archs: &[String]) -> i32 {
+fn compile_all(archs: &[String], quick: bool) -> i32 {
     let ver = match compile::nvrtc_version() {
         Ok(v) => v,
         Err(e) => {
@@ -106,9 +107,16 @@ fn compile_all(archs: &[String]) -> i32 {
         eprintln!("kalosd doctor --compile: {}", e.message);
         return 2;
     }
-    let variants = compile::all_variants(archs);
+    let variants = compile::all_variants(archs, quick);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(variants.len());
-    println!("compiling {} kernel variants with NVRTC {}.{} for {} on {threads} threads", variants.len(), ver.0, ver.1, archs.join(", "));
+    println!(
+        "compiling {} kernel variants{} with NVRTC {}.{} for {} on {threads} threads",
+        variants.len(),
+        if quick { " (quick: both ends of the dimension classes)" } else { "" },
+        ver.0,
+        ver.1,
+        archs.join(", ")
+    );
     let t0 = Instant::now();
     let next = AtomicUsize::new(0);
     let failures: Mutex<Vec<(Module, KernelSpec, String)>> = Mutex::new(Vec::new());

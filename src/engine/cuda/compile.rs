@@ -255,13 +255,22 @@ fn classes_of(geo: impl Fn(usize) -> Option<Geometry>) -> Vec<usize> {
 /// Every (module, specialisation) production code can request for the given architectures:
 /// each dtype and metric class (ip and cosine compile the same code; l2 differs), for the scan
 /// module every dimension class and the profiling build (`KALOS_PROF=1`), for the others the
-/// smallest and the largest dimension.
-pub fn all_variants(archs: &[String]) -> Vec<(Module, KernelSpec)> {
+/// smallest and the largest dimension. `quick` keeps only the smallest and the largest
+/// dimension class everywhere: both ends of every choice a [`Geometry`] makes (the query slice
+/// in registers or in shared memory, by-value arguments or not) in about a third of the compile
+/// time (the scan module's dimension classes take most of it).
+pub fn all_variants(archs: &[String], quick: bool) -> Vec<(Module, KernelSpec)> {
+    let ends = |mut d: Vec<usize>| {
+        if quick && d.len() > 2 {
+            d = vec![d[0], d[d.len() - 1]];
+        }
+        d
+    };
     let mut v = Vec::new();
     for arch in archs {
         for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
             for module in MODULES {
-                let dims = if module.by_geometry { dim_classes(dtype) } else { vec![1, MAX_GPU_DIM] };
+                let dims = if module.by_geometry { ends(dim_classes(dtype)) } else { vec![1, MAX_GPU_DIM] };
                 for metric in [Metric::InnerProduct, Metric::L2] {
                     for &dim in &dims {
                         v.push((module, KernelSpec { arch: arch.clone(), dim, dtype, metric, prof: false, codes: false }));
@@ -275,7 +284,7 @@ pub fn all_variants(archs: &[String]) -> Vec<(Module, KernelSpec)> {
         }
         // The int8 scan: the scan module over codes (the store's dtype does not enter it).
         for metric in [Metric::InnerProduct, Metric::L2] {
-            for dim in code_dim_classes() {
+            for dim in ends(code_dim_classes()) {
                 v.push((SCAN, KernelSpec { arch: arch.clone(), dim, dtype: Dtype::F16, metric, prof: false, codes: true }));
             }
         }
@@ -456,10 +465,37 @@ mod tests {
         let all: std::collections::HashSet<_> = (1..=MAX_GPU_DIM).map(Geometry::of_codes).filter(|g| g.qreg).map(|g| g.class()).collect();
         assert_eq!(covered, all);
         assert_eq!(*dims.last().unwrap(), 1536);
-        let v = all_variants(&["sm_90".to_string()]);
+        let v = all_variants(&["sm_90".to_string()], false);
         for metric in [Metric::InnerProduct, Metric::L2] {
             assert!(v.iter().any(|(m, s)| *m == SCAN && s.codes && s.metric == metric && s.dim == 1536));
         }
+    }
+
+    #[test]
+    fn quick_variants_keep_both_ends_of_every_geometry_choice() {
+        let arch = ["sm_80".to_string()];
+        let (full, quick) = (all_variants(&arch, false), all_variants(&arch, true));
+        let scans = |v: &[(Module, KernelSpec)]| v.iter().filter(|(m, _)| *m == SCAN).count();
+        assert!(scans(&quick) * 3 < scans(&full), "{} of {} scan variants", scans(&quick), scans(&full));
+        assert!(quick.iter().all(|q| full.contains(q)));
+        for m in MODULES {
+            for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+                for metric in [Metric::InnerProduct, Metric::L2] {
+                    let mine: Vec<&KernelSpec> = quick
+                        .iter()
+                        .filter(|(x, s)| *x == m && s.dtype == dtype && s.metric == metric && !s.codes)
+                        .map(|(_, s)| s)
+                        .collect();
+                    assert!(!mine.is_empty(), "{} {dtype:?} {metric:?}", m.name);
+                    if m.by_geometry {
+                        let geo: Vec<Geometry> = mine.iter().map(|s| Geometry::of(s.dim, dtype)).collect();
+                        assert!(geo.iter().any(|g| g.qreg) && geo.iter().any(|g| !g.qreg), "{} {dtype:?}", m.name);
+                        assert!(geo.iter().any(|g| g.byval) && geo.iter().any(|g| !g.byval), "{} {dtype:?}", m.name);
+                    }
+                }
+            }
+        }
+        assert!(quick.iter().any(|(_, s)| s.prof) && quick.iter().any(|(_, s)| s.codes && s.dim == 1536));
     }
 
     #[test]
@@ -467,7 +503,7 @@ mod tests {
         for m in MODULES {
             assert!(m.src.contains("#include \"common.cuh\""), "{}", m.name);
         }
-        let v = all_variants(&["sm_90".to_string()]);
+        let v = all_variants(&["sm_90".to_string()], false);
         for m in MODULES {
             assert!(v.iter().any(|(x, _)| *x == m), "{} is never compiled", m.name);
         }
