@@ -813,16 +813,19 @@ st.upsert(np.arange(1, 5001, dtype=np.uint64), X)
 a = st.recall(X[3], 5)
 b = st.recall(X[3], 5)
 s = st.stats()
-print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]))
+print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]), flush=True)
 st.close()
+print("CLOSED", flush=True)
 ''' % (os.path.dirname(os.path.abspath(__file__)), BACKEND)
     if BACKEND == CUDA:
         env = dict(os.environ, KALOS_CUDA_FAULT_AFTER="1")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
-        f = line[0].split() if line else []
-        ok = bool(f) and f[1] == "1" and f[2] == "1" and f[4] == f[5] and f[6] == "5"
-        record("shards/fault/cpu-fallback", ok, out=r.stdout[-500:], err=r.stderr[-800:])
+        for attempt in range(3):
+            r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+            line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+            f = line[0].split() if line else []
+            ok = bool(f) and f[1] == "1" and f[2] == "1" and f[4] == f[5] and f[6] == "5"
+            ok = ok and r.returncode == 0 and "CLOSED" in r.stdout
+            record("shards/fault/cpu-fallback/%d" % attempt, ok, rc=r.returncode, out=r.stdout[-500:], err=r.stderr[-3000:])
 
 
 def _filters_module():
