@@ -264,6 +264,8 @@ const (
 	MaxFilterNamespaces = C.KALOS_MAX_FILTER_NAMESPACES
 	// MaxDeviceShards is the largest Options.DeviceShards.
 	MaxDeviceShards = C.KALOS_MAX_DEVICE_SHARDS
+	// GPUsAll is Options.GPUs for every CUDA device of the host.
+	GPUsAll uint64 = C.KALOS_GPUS_ALL
 	// noPayload marks "no payload" in a payload length array.
 	noPayload = uint32(C.KALOS_NO_PAYLOAD)
 	// The recall consistency flags (kalos_recall_params.consistency).
@@ -446,6 +448,7 @@ func (o *Options) fill(c *C.kalos_options) {
 	c.rerank = C.uint32_t(o.Rerank)
 	c.device_shards = C.uint32_t(o.DeviceShards)
 	c.placement = C.uint32_t(o.Placement)
+	c.gpus = C.uint64_t(o.GPUs)
 }
 
 func cClose(h cHandle) { C.kgo_close(h) }

@@ -155,15 +155,22 @@ type Options struct {
 	ScanInt8 bool
 	// Rerank is the int8 scan's candidate count per query (default 0 = max(8k, 64)).
 	Rerank uint32
-	// DeviceShards splits the table into this many shards (default 0 = one table; at most
-	// MaxDeviceShards), each with its own engine on its own server thread; a recall scans
-	// the shards in parallel and merges their top-k, so a sharded store answers exactly like
-	// an unsharded one. Sharded stores run on the CPU engine: BackendCUDA with more than one
-	// shard fails with ErrInvalidArgument, as does a value above MaxDeviceShards.
+	// DeviceShards splits the table into this many shards (default 0 = one table, or one per
+	// GPU that GPUs selects; at most MaxDeviceShards), each with its own engine on its own
+	// server thread; a recall scans the shards in parallel and merges their top-k, so a
+	// sharded store answers exactly like an unsharded one. On a CUDA store shard i runs on the
+	// i-th selected GPU (modulo their number); with the CPU backend the shards share the
+	// host's cores. A value above MaxDeviceShards fails with ErrInvalidArgument.
 	// Stats.EngineName starts with "shards<N>x[".
 	DeviceShards int
 	// Placement assigns memories to shards when DeviceShards > 1 (default PlacementID).
 	Placement Placement
+	// GPUs are the GPUs of a CUDA store, as a bit mask of device ordinals (bit i = device i;
+	// GPUsAll = every device; default 0 = device 0 alone). More than one device shards the
+	// table over them (see DeviceShards). A bit naming a device the host lacks fails the open
+	// with ErrInvalidArgument (BackendCUDA) or serves on the CPU (BackendAuto, the reason in
+	// Stats.FallbackReason). Ignored by the CPU backend.
+	GPUs uint64
 }
 
 // Stats are a server's statistics.

@@ -1,6 +1,7 @@
 package kalos
 
 import (
+	"errors"
 	"fmt"
 	"math/rand"
 	"os"
@@ -209,6 +210,25 @@ func TestDeviceShardsOptionsAreChecked(t *testing.T) {
 		}
 	} else {
 		wantErr(t, "sharded CUDA", err, ErrBackendUnavailable)
+	}
+	// GPUs: ignored by the CPU backend; on CUDA, device 63 exists on no host: a clear error
+	// (or no CUDA at all).
+	for _, mask := range []uint64{GPUsAll, 1, 0b11, 1 << 63} {
+		g, err := Open(storeName(t), with(func(o *Options) { o.DeviceShards = 2; o.GPUs = mask }))
+		if err != nil {
+			t.Fatalf("GPUs %#x on the CPU backend: %v", mask, err)
+		}
+		s, serr := g.Stats(bg())
+		g.Close()
+		if serr != nil || !strings.HasPrefix(s.EngineName, "shards2x[cpu") {
+			t.Fatalf("GPUs %#x: engine %q, %v", mask, s.EngineName, serr)
+		}
+	}
+	if g, err := Open(storeName(t), with(func(o *Options) { o.GPUs = 1 << 63; o.Backend = BackendCUDA })); err == nil {
+		g.Close()
+		t.Fatal("GPUs = device 63 on CUDA opened")
+	} else if !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrBackendUnavailable) {
+		t.Fatalf("GPUs = device 63 on CUDA: %v", err)
 	}
 	if Placement(7).String() != "Placement(7)" || PlacementNamespace.String() != "namespace" {
 		t.Fatalf("placement names: %v %v", Placement(7), PlacementNamespace)
