@@ -123,6 +123,9 @@ pub struct Tuning {
     pub cpu_scan_isa: Option<String>,
     pub cpu_parallel_min_bytes: Option<usize>,
     pub cpu_spin_ns: Option<u64>,
+    /// `KALOS_CPU_PIN` (default on): pin a server's CPU engine threads apart when its workers
+    /// sleep between jobs.
+    pub cpu_pin: bool,
     pub gpu_min_work: Option<usize>,
     pub gpu_min_split_bytes: Option<usize>,
     pub compact_min_bytes: Option<u64>,
@@ -197,6 +200,7 @@ impl Tuning {
             cpu_scan_isa,
             cpu_parallel_min_bytes: num(&var, "KALOS_CPU_PARALLEL_MIN_BYTES")?,
             cpu_spin_ns: num(&var, "KALOS_CPU_SPIN_NS")?,
+            cpu_pin: flag(&var, "KALOS_CPU_PIN", true)?,
             gpu_min_work: num(&var, "KALOS_GPU_MIN_WORK")?,
             gpu_min_split_bytes: num(&var, "KALOS_GPU_MIN_SPLIT_BYTES")?,
             compact_min_bytes: num(&var, "KALOS_COMPACT_MIN_BYTES")?,
@@ -253,7 +257,7 @@ pub fn tuning() -> Result<&'static Tuning> {
 /// is valid); built-in defaults otherwise.
 pub fn tuning_or_default() -> &'static Tuning {
     static DEFAULT: OnceLock<Tuning> = OnceLock::new();
-    tuning().unwrap_or_else(|_| DEFAULT.get_or_init(|| Tuning { copy_streaming: true, ..Tuning::default() }))
+    tuning().unwrap_or_else(|_| DEFAULT.get_or_init(|| Tuning { copy_streaming: true, cpu_pin: true, ..Tuning::default() }))
 }
 
 #[cfg(test)]
@@ -269,7 +273,7 @@ mod tests {
     #[test]
     fn defaults_when_nothing_is_set() {
         let t = with(&[]).unwrap();
-        assert_eq!(t, Tuning { copy_streaming: true, ..Tuning::default() });
+        assert_eq!(t, Tuning { copy_streaming: true, cpu_pin: true, ..Tuning::default() });
     }
 
     #[test]
@@ -280,6 +284,7 @@ mod tests {
             ("KALOS_CPU_SCAN_ISA", "scalar"),
             ("KALOS_CPU_PARALLEL_MIN_BYTES", "4096"),
             ("KALOS_CPU_SPIN_NS", "1000"),
+            ("KALOS_CPU_PIN", "0"),
             ("KALOS_GPU_MIN_WORK", "77"),
             ("KALOS_GPU_MIN_SPLIT_BYTES", "0"),
             ("KALOS_COMPACT_MIN_BYTES", "32768"),
@@ -302,6 +307,7 @@ mod tests {
                 cpu_scan_isa: Some("scalar".into()),
                 cpu_parallel_min_bytes: Some(4096),
                 cpu_spin_ns: Some(1000),
+                cpu_pin: false,
                 gpu_min_work: Some(77),
                 gpu_min_split_bytes: Some(0),
                 compact_min_bytes: Some(32768),

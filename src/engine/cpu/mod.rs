@@ -239,6 +239,10 @@ pub struct CpuEngine {
     par_min_bytes: usize,
     /// How long the pool's workers stay awake after a job (0: they sleep at once).
     spin: std::time::Duration,
+    /// Pin the server thread and each worker to CPUs of their own when the pool starts
+    /// ([`Pool::pin_apart`]): server engines whose workers sleep between jobs, unless
+    /// `KALOS_CPU_PIN=0`.
+    pin: bool,
     /// Started on the first split scan (`threads − 1` workers).
     pool: Option<Pool>,
     workers: Vec<Worker>,
@@ -319,6 +323,8 @@ impl CpuEngine {
                 e.par_min_bytes = SPIN_PARALLEL_MIN_BYTES;
             }
         }
+        // Only an engine with a thread for every core: shards' engines share the cores.
+        e.pin = spin_ns == 0 && tune.cpu_pin && e.threads >= cores;
         e
     }
 
@@ -339,6 +345,7 @@ impl CpuEngine {
             scan_isa,
             par_min_bytes,
             spin: std::time::Duration::ZERO,
+            pin: false,
             pool: None,
             workers: Vec::new(),
             qnorms: Vec::new(),
@@ -623,7 +630,14 @@ impl CpuEngine {
                 }
             };
             let (spin, workers) = (self.spin, self.threads - 1);
-            let pool = self.pool.get_or_insert_with(|| Pool::new(workers, spin));
+            let pin = self.pin;
+            let pool = self.pool.get_or_insert_with(|| {
+                let p = Pool::new(workers, spin);
+                if pin {
+                    p.pin_apart();
+                }
+                p
+            });
             pool.run(&work);
             let (first, rest) = self.workers[..t].split_first_mut().unwrap();
             for w in rest.iter() {
