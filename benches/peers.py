@@ -2,6 +2,7 @@
 """Peers for the Kalos CPU benchmark: numpy and faiss-cpu on the same .npy files, queries and k.
 
 usage: peers.py DIR TAG:ITERS [TAG:ITERS ...]
+       peers.py --cross N:DIM:ITERS [...]   (only the cross-process comparison, random data)
 Reads DIR/TAG_x.npy (n, d) float32, DIR/TAG_q.npy (nq, d) float32 and DIR/TAG_ids.npy (Kalos'
 top-10 ids of query 0) and prints a markdown table of single-query p50/p99 in microseconds.
 
@@ -45,6 +46,15 @@ class KalosOptions(ctypes.Structure):
         ("data_dir", ctypes.c_char_p), ("sync_policy", ctypes.c_uint32), ("threads", ctypes.c_uint32),
         ("sync_interval_ms", ctypes.c_uint64), ("gpu_memory_bytes", ctypes.c_uint64),
     ]
+
+
+def bind(lib):
+    """Argument types of the C functions this script calls."""
+    lib.kalos_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.kalos_close.argtypes = [ctypes.c_void_p]
+    lib.kalos_upsert.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.kalos_recall.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
 def upsert_all(lib, h, x):
@@ -269,11 +279,7 @@ def main():
     if not (lib_path and faiss is not None):
         return
     lib = ctypes.CDLL(lib_path)
-    lib.kalos_open.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p]
-    lib.kalos_close.argtypes = [ctypes.c_void_p]
-    lib.kalos_upsert.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    lib.kalos_recall.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    bind(lib)
     lib.kalos_recall_batch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_void_p, ctypes.c_size_t]
@@ -322,5 +328,25 @@ def main():
             del x
 
 
+def cross_only(specs):
+    """`peers.py --cross N:DIM:ITERS ...` (KALOS_LIB set, kalosd beside it): only the
+    cross-process comparison, on random f32 rows and queries drawn here (no .npy files)."""
+    import faiss
+    lib = ctypes.CDLL(os.environ["KALOS_LIB"])
+    bind(lib)
+    kalosd = os.path.join(os.path.dirname(os.environ["KALOS_LIB"]), "kalosd")
+    rng = np.random.default_rng()
+    print(f"| table | kalos p50 | kalos p99 | numpy | faiss 1 thread | faiss {os.cpu_count()} threads | kalos / best peer |")
+    print("|---|---|---|---|---|---|---|")
+    for spec in specs:
+        n, d, iters = (int(v) for v in spec.split(":"))
+        x = rng.standard_normal((n, d), dtype=np.float32)
+        qs = rng.standard_normal((64, d), dtype=np.float32)
+        print(cross_process(lib, faiss, kalosd, f"{n // 1000}k_{d}" if n < 1_000_000 else f"{n // 1_000_000}M_{d}", x, qs, iters), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--cross"]:
+        cross_only(sys.argv[2:])
+    else:
+        main()
