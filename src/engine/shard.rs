@@ -372,8 +372,15 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
                 unsafe { (*mb.part.get()).engine = None };
                 return;
             }
+            #[cfg(test)]
+            if tests::WIDEN_STOP_WINDOW.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(300));
+            }
             let e = mb.epoch.load(Ordering::Acquire);
-            if e != seen {
+            // `Drop` raises `stop` before it bumps the epoch: a new epoch seen after a `stop`
+            // check that said no may be that bump, not a job (the job slot then still holds the
+            // last job's closure, whose borrow has ended). Look again before taking it.
+            if e != seen && !mb.stop.load(Ordering::Acquire) {
                 seen = e;
                 break;
             }
@@ -520,5 +527,39 @@ impl Engine for ShardedEngine {
             let r = s.part().rerank;
             (a.0 + r.0, a.1 + r.1)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::CpuEngine;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Dropping the engine right after a job, while its shard threads still poll, runs no job
+    /// again: `Drop` raises `stop` and then bumps the epoch, and a thread that saw the old `stop`
+    /// and then the new epoch must not take the last job's (by then dangling) closure for a new
+    /// one. The job here outlives the engine, so a second run shows as a count, not as a crash.
+    /// Sleeps each polling shard thread between its `stop` check and its epoch check, where a
+    /// concurrent `Drop` lands.
+    pub(super) static WIDEN_STOP_WINDOW: AtomicBool = AtomicBool::new(false);
+
+    #[test]
+    fn drop_after_a_job_runs_no_job_again() {
+        let calls = AtomicUsize::new(0);
+        let job = |_: usize, _: &mut Part| {
+            calls.fetch_add(1, Ordering::SeqCst);
+        };
+        let store = Store::new(4, Metric::InnerProduct, 16, 0);
+        let factory: Arc<EngineFactory> = Arc::new(|_: usize, _: &Store| -> Result<Box<dyn Engine>> { Ok(Box::new(CpuEngine::new(1))) });
+        WIDEN_STOP_WINDOW.store(true, Ordering::Relaxed);
+        for round in 0..50 {
+            calls.store(0, Ordering::SeqCst);
+            let mut e = ShardedEngine::new(3, Placement::Id, &store, Duration::from_millis(50), Arc::clone(&factory)).unwrap();
+            e.run(&[0, 1, 2], &job);
+            drop(e);
+            assert_eq!(calls.load(Ordering::SeqCst), 3, "round {round}: a shard ran its last job again while stopping");
+        }
+        WIDEN_STOP_WINDOW.store(false, Ordering::Relaxed);
     }
 }
