@@ -365,6 +365,14 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
     loop {
         let mut spins = 0u32;
         loop {
+            // The epoch is read before `stop`: `Drop` raises `stop` before it bumps the epoch, so
+            // a bump read here comes with `stop` read below, and the job slot (which then still
+            // holds the last job's closure, whose borrow has ended) is never taken for a job.
+            let e = mb.epoch.load(Ordering::Acquire);
+            #[cfg(test)]
+            if tests::WIDEN_STOP_WINDOW.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(300));
+            }
             if mb.stop.load(Ordering::Acquire) {
                 // SAFETY: the engine is stopping: no job runs or will run, and the owner waits for
                 // this thread in `Drop` before it frees the mailbox's contents. The engine is
@@ -372,15 +380,7 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
                 unsafe { (*mb.part.get()).engine = None };
                 return;
             }
-            #[cfg(test)]
-            if tests::WIDEN_STOP_WINDOW.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_micros(300));
-            }
-            let e = mb.epoch.load(Ordering::Acquire);
-            // `Drop` raises `stop` before it bumps the epoch: a new epoch seen after a `stop`
-            // check that said no may be that bump, not a job (the job slot then still holds the
-            // last job's closure, whose borrow has ended). Look again before taking it.
-            if e != seen && !mb.stop.load(Ordering::Acquire) {
+            if e != seen {
                 seen = e;
                 break;
             }
@@ -536,14 +536,14 @@ mod tests {
     use crate::engine::cpu::CpuEngine;
     use std::sync::atomic::AtomicUsize;
 
-    /// Dropping the engine right after a job, while its shard threads still poll, runs no job
-    /// again: `Drop` raises `stop` and then bumps the epoch, and a thread that saw the old `stop`
-    /// and then the new epoch must not take the last job's (by then dangling) closure for a new
-    /// one. The job here outlives the engine, so a second run shows as a count, not as a crash.
-    /// Sleeps each polling shard thread between its `stop` check and its epoch check, where a
-    /// concurrent `Drop` lands.
+    /// Sleeps each polling shard thread between its epoch and `stop` reads, where a concurrent
+    /// `Drop` lands.
     pub(super) static WIDEN_STOP_WINDOW: AtomicBool = AtomicBool::new(false);
 
+    /// Dropping the engine right after a job, while its shard threads still poll, runs no job
+    /// again: `Drop` raises `stop` and then bumps the epoch, and a thread must not take the bump
+    /// for a job and call the last job's (by then dangling) closure. The job here outlives the
+    /// engine, so a second run shows as a count, not as a crash.
     #[test]
     fn drop_after_a_job_runs_no_job_again() {
         let calls = AtomicUsize::new(0);
