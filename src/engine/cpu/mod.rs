@@ -56,10 +56,10 @@
 //!   (a Xeon VM) ~300 KiB, and a 10k×128 table scans in ~95 µs on two threads against ~180 on
 //!   one. A client waiting for a split scan on such a host spins yielding its core (see
 //!   `client::slot`), so the worker runs there; a client that slept instead would pay the
-//!   wake-up of an idle vCPU (~100 µs on the Xeon VM) on top of the scan. The worker runs there
-//!   only if the scheduler does not wake it on the server thread's own CPU, which it often did:
-//!   an engine with a thread for every CPU pins the server thread and each worker apart when
-//!   its pool starts ([`Pool::pin_apart`]; `KALOS_CPU_PIN=0` turns it off).
+//!   wake-up of an idle vCPU (~100 µs on the Xeon VM) on top of the scan. Left to itself the
+//!   scheduler often wakes the worker on the server thread's own CPU instead, so an engine with
+//!   a thread for every CPU pins the server thread and each worker apart when its pool starts
+//!   ([`Pool::pin_apart`]; `KALOS_CPU_PIN=0` turns it off).
 //!
 //! `KALOS_CPU_PARALLEL_MIN_BYTES` and `KALOS_CPU_SPIN_NS` override both choices (`crate::config`).
 //!
