@@ -115,8 +115,10 @@ impl Default for Options {
     }
 }
 
-/// The internal knobs (see the module's table). `None` / `false` means "the built-in default".
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The internal knobs (see the module's table). `None` means "the built-in default"; the flags
+/// hold their value, default included ([`Tuning::from_lookup`] with nothing set gives every
+/// default). `Tuning::default()` is the tuning of an empty environment.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tuning {
     pub backend: Option<Backend>,
     pub cpu_threads: Option<usize>,
@@ -140,6 +142,12 @@ pub struct Tuning {
     pub gather_us: Option<u64>,
     /// The most queries a multi-query pass takes (`KALOS_MULTI_MAXQ`, 0 to 32; 0 = never).
     pub multi_maxq: Option<usize>,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning::from_lookup(|_| None).expect("the built-in defaults parse")
+    }
 }
 
 impl Tuning {
@@ -257,7 +265,7 @@ pub fn tuning() -> Result<&'static Tuning> {
 /// is valid); built-in defaults otherwise.
 pub fn tuning_or_default() -> &'static Tuning {
     static DEFAULT: OnceLock<Tuning> = OnceLock::new();
-    tuning().unwrap_or_else(|_| DEFAULT.get_or_init(|| Tuning { copy_streaming: true, cpu_pin: true, ..Tuning::default() }))
+    tuning().unwrap_or_else(|_| DEFAULT.get_or_init(Tuning::default))
 }
 
 #[cfg(test)]
@@ -273,7 +281,30 @@ mod tests {
     #[test]
     fn defaults_when_nothing_is_set() {
         let t = with(&[]).unwrap();
-        assert_eq!(t, Tuning { copy_streaming: true, cpu_pin: true, ..Tuning::default() });
+        assert_eq!(
+            t,
+            Tuning {
+                backend: None,
+                cpu_threads: None,
+                cpu_scan_isa: None,
+                cpu_parallel_min_bytes: None,
+                cpu_spin_ns: None,
+                cpu_pin: true,
+                gpu_min_work: None,
+                gpu_min_split_bytes: None,
+                compact_min_bytes: None,
+                data_dir_mode: None,
+                copy_threads: None,
+                copy_streaming: true,
+                client_trace: false,
+                cuda_report: false,
+                prof: false,
+                cuda_fault_after: None,
+                gather_us: None,
+                multi_maxq: None,
+            }
+        );
+        assert_eq!(Tuning::default(), t);
     }
 
     #[test]

@@ -45,13 +45,10 @@ const CLOSED: u64 = 1 << 31;
 const PARTS: u64 = CLOSED - 1;
 
 struct Shared {
-    /// Futex word: bumped once per job; workers sleep on it.
-    epoch: AtomicU32,
+    /// Bumped once per job; workers sleep on it.
+    bell: Bell,
     /// `epoch << 32 | closed << 31 | participants`.
     state: AtomicU64,
-    /// Workers sleeping (or about to) on `epoch`.
-    sleepers: AtomicU32,
-    stop: AtomicBool,
     panicked: AtomicBool,
     /// The current job; written by the caller only while no worker can read it (before the
     /// epoch is published, after the job is closed and every participant has left).
@@ -78,10 +75,8 @@ impl Pool {
     /// A thread that cannot be started is left out (the pool is smaller, never broken).
     pub fn new(workers: usize, spin: Duration) -> Pool {
         let shared = Arc::new(Shared {
-            epoch: AtomicU32::new(0),
+            bell: Bell::new(),
             state: AtomicU64::new(CLOSED),
-            sleepers: AtomicU32::new(0),
-            stop: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             job: UnsafeCell::new(None),
             spin,
@@ -154,7 +149,7 @@ impl Pool {
         let mut lat = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let t_sleep = Instant::now();
-            while (self.shared.sleepers.load(Ordering::SeqCst) as usize) < self.workers() && t_sleep.elapsed() < LIMIT {
+            while (self.shared.bell.sleepers.load(Ordering::SeqCst) as usize) < self.workers() && t_sleep.elapsed() < LIMIT {
                 std::thread::yield_now();
             }
             let joined = AtomicBool::new(false);
@@ -190,7 +185,7 @@ impl Pool {
     /// shared claims (it cannot know who joins); indices are distinct within one job.
     pub fn run(&mut self, f: &(dyn Fn(usize) + Sync)) {
         let sh = &*self.shared;
-        let e = sh.epoch.load(Ordering::Relaxed).wrapping_add(1);
+        let e = sh.bell.epoch.load(Ordering::Relaxed).wrapping_add(1);
         // SAFETY: the previous job is closed and has no participants (run waited for that),
         // so no worker reads `job` now. The lifetime of `f` is erased; run does not return
         // before every worker that joined this job has left it, and none can join after the
@@ -200,10 +195,7 @@ impl Pool {
             *sh.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const JobFn>(p));
         }
         sh.state.store((e as u64) << 32, Ordering::Release);
-        sh.epoch.store(e, Ordering::SeqCst);
-        if sh.sleepers.load(Ordering::SeqCst) > 0 {
-            futex::wake(&sh.epoch, i32::MAX);
-        }
+        sh.bell.ring(e);
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
         // Close: no new participants; then wait for those inside f to leave.
         let mut s = sh.state.load(Ordering::Relaxed);
@@ -251,33 +243,92 @@ fn cpus_in(set: &libc::cpu_set_t) -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, set) }).collect()
 }
 
-fn worker(sh: &Shared, idx: usize) {
-    let mut seen = sh.epoch.load(Ordering::Acquire);
-    let mut last = Instant::now();
-    loop {
-        // Wait for a new epoch: spin within the window after the last job, then sleep.
+/// How a thread waiting for work uses its spin window (see [`Bell::wait`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Poll {
+    /// Busy-polls: the pool's workers, one per core.
+    Spin,
+    /// Yields every 256 polls, never holding a core another runnable thread needs: shard
+    /// threads, which share cores with the caller and each other.
+    Yield,
+}
+
+/// The doorbell of threads that wait for jobs: an epoch bumped once per job (the futex word
+/// they sleep on), a count of sleepers, and a stop flag.
+pub(super) struct Bell {
+    pub(super) epoch: AtomicU32,
+    /// Threads sleeping (or about to) on `epoch`.
+    pub(super) sleepers: AtomicU32,
+    stop: AtomicBool,
+}
+
+impl Bell {
+    pub(super) fn new() -> Bell {
+        Bell { epoch: AtomicU32::new(0), sleepers: AtomicU32::new(0), stop: AtomicBool::new(false) }
+    }
+
+    /// Publishes epoch `e` (the job behind it already in place) and wakes the sleepers.
+    pub(super) fn ring(&self, e: u32) {
+        self.epoch.store(e, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            futex::wake(&self.epoch, i32::MAX);
+        }
+    }
+
+    /// Raises `stop`, then bumps the epoch and wakes every waiter, in that order (see
+    /// [`Bell::wait`]).
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        futex::wake(&self.epoch, i32::MAX);
+    }
+
+    /// Waits for the epoch to differ from `seen` and returns its new value, or `None` once
+    /// [`Bell::stop`] was called. Polls until `spin` has passed since `last` (the end of the
+    /// thread's last job), then sleeps on the epoch, counted in `sleepers` meanwhile. The epoch
+    /// is read before the stop flag, and `between` runs between the two reads (a test hook):
+    /// `stop` raises the flag before it bumps the epoch, so its bump is never taken for a job.
+    pub(super) fn wait(&self, seen: u32, last: Instant, spin: Duration, poll: Poll, between: impl Fn()) -> Option<u32> {
         let mut spins = 0u32;
         loop {
-            if sh.stop.load(Ordering::Acquire) {
-                return;
+            let e = self.epoch.load(Ordering::Acquire);
+            between();
+            if self.stop.load(Ordering::Acquire) {
+                return None;
             }
-            let e = sh.epoch.load(Ordering::Acquire);
             if e != seen {
-                seen = e;
-                break;
+                return Some(e);
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(256) || last.elapsed() < sh.spin {
+            if !spins.is_multiple_of(256) {
                 std::hint::spin_loop();
                 continue;
             }
-            sh.sleepers.fetch_add(1, Ordering::SeqCst);
-            if sh.epoch.load(Ordering::SeqCst) == seen && !sh.stop.load(Ordering::SeqCst) {
-                // Bounded sleep: a lost wake (there should be none) costs at most this.
-                futex::wait(&sh.epoch, seen, Duration::from_millis(200));
+            if last.elapsed() < spin {
+                match poll {
+                    Poll::Spin => std::hint::spin_loop(),
+                    Poll::Yield => std::thread::yield_now(),
+                }
+                continue;
             }
-            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            if self.epoch.load(Ordering::SeqCst) == seen && !self.stop.load(Ordering::SeqCst) {
+                // Bounded sleep: a lost wake (there should be none) costs at most this.
+                futex::wait(&self.epoch, seen, Duration::from_millis(200));
+            }
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+fn worker(sh: &Shared, idx: usize) {
+    let mut seen = sh.bell.epoch.load(Ordering::Acquire);
+    let mut last = Instant::now();
+    loop {
+        let Some(e) = sh.bell.wait(seen, last, sh.spin, Poll::Spin, || {}) else {
+            return;
+        };
+        seen = e;
         // Join the job of epoch `seen`, unless it is closed already (or a newer one is up).
         let mut s = sh.state.load(Ordering::Acquire);
         let joined = loop {
@@ -305,9 +356,7 @@ fn worker(sh: &Shared, idx: usize) {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.epoch.fetch_add(1, Ordering::SeqCst);
-        futex::wake(&self.shared.epoch, i32::MAX);
+        self.shared.bell.stop();
         for h in self.handles.drain(..) {
             let _ = h.join();
         }

@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::pool::{Bell, Poll};
 use super::{key_to_score, reset_out, Engine, EngineKind, TopK};
 use crate::error::{Error, Result, Status};
 use crate::shm::futex;
@@ -75,14 +76,12 @@ struct Part {
 type Job = dyn Fn(usize, &mut Part) + Sync;
 
 struct Mailbox {
-    /// Futex word: bumped once per job; the shard's thread sleeps on it.
-    epoch: AtomicU32,
+    /// Bumped once per job; the shard's thread sleeps on it.
+    bell: Bell,
     /// Futex word: the epoch of the last job the thread finished; the caller may sleep on it.
     done: AtomicU32,
-    sleeping: AtomicBool,
     /// The caller sleeps (or is about to) on `done`.
     waiting: AtomicBool,
-    stop: AtomicBool,
     /// The current job; written by the caller only while the thread cannot read it (before the
     /// epoch that announces it is published, after the thread said it is done).
     job: UnsafeCell<Option<*const Job>>,
@@ -158,11 +157,9 @@ impl ShardedEngine {
         };
         for i in 0..shards {
             let mb = Arc::new(Mailbox {
-                epoch: AtomicU32::new(0),
+                bell: Bell::new(),
                 done: AtomicU32::new(0),
-                sleeping: AtomicBool::new(false),
                 waiting: AtomicBool::new(false),
-                stop: AtomicBool::new(false),
                 job: UnsafeCell::new(None),
                 part: UnsafeCell::new(Part {
                     store: Store::new(dim, metric, capacity, 0),
@@ -200,7 +197,7 @@ impl ShardedEngine {
     fn run(&mut self, targets: &[usize], job: &(dyn Fn(usize, &mut Part) + Sync)) {
         for &i in targets {
             let mb = &*self.shards[i].mb;
-            let e = mb.epoch.load(Ordering::Relaxed).wrapping_add(1);
+            let e = mb.bell.epoch.load(Ordering::Relaxed).wrapping_add(1);
             // SAFETY: the shard's previous job is done (run waited for it), so its thread does not
             // read `job` until the new epoch below is published. The closure's lifetime is erased:
             // run does not return before the thread has finished this job, so the pointer is never
@@ -209,14 +206,11 @@ impl ShardedEngine {
                 let p: *const (dyn Fn(usize, &mut Part) + Sync + '_) = job;
                 *mb.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize, &mut Part) + Sync + '_), *const Job>(p));
             }
-            mb.epoch.store(e, Ordering::SeqCst);
-            if mb.sleeping.load(Ordering::SeqCst) {
-                futex::wake(&mb.epoch, 1);
-            }
+            mb.bell.ring(e);
         }
         for &i in targets {
             let mb = &*self.shards[i].mb;
-            let e = mb.epoch.load(Ordering::Relaxed);
+            let e = mb.bell.epoch.load(Ordering::Relaxed);
             let t0 = Instant::now();
             let mut spins = 0u32;
             while mb.done.load(Ordering::Acquire) != e {
@@ -363,45 +357,20 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
     let mut seen = 0u32;
     let mut last = Instant::now();
     loop {
-        let mut spins = 0u32;
-        loop {
-            // The epoch is read before `stop`: `Drop` raises `stop` before it bumps the epoch, so
-            // a bump read here comes with `stop` read below, and the job slot (which then still
-            // holds the last job's closure, whose borrow has ended) is never taken for a job.
-            let e = mb.epoch.load(Ordering::Acquire);
+        let widen = || {
             #[cfg(test)]
             if tests::WIDEN_STOP_WINDOW.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_micros(300));
             }
-            if mb.stop.load(Ordering::Acquire) {
-                // SAFETY: the engine is stopping: no job runs or will run, and the owner waits for
-                // this thread in `Drop` before it frees the mailbox's contents. The engine is
-                // dropped here, on the thread that created it (a CUDA context is bound to it).
-                unsafe { (*mb.part.get()).engine = None };
-                return;
-            }
-            if e != seen {
-                seen = e;
-                break;
-            }
-            spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(256) {
-                std::hint::spin_loop();
-                continue;
-            }
-            if last.elapsed() < mb.spin {
-                // Polling, but never holding a core another runnable thread (the caller, a
-                // sibling shard) needs.
-                std::thread::yield_now();
-                continue;
-            }
-            mb.sleeping.store(true, Ordering::SeqCst);
-            if mb.epoch.load(Ordering::SeqCst) == seen && !mb.stop.load(Ordering::SeqCst) {
-                // Bounded: a lost wake (there should be none) costs at most this.
-                futex::wait(&mb.epoch, seen, Duration::from_millis(200));
-            }
-            mb.sleeping.store(false, Ordering::SeqCst);
-        }
+        };
+        let Some(e) = mb.bell.wait(seen, last, mb.spin, Poll::Yield, widen) else {
+            // SAFETY: the engine is stopping: no job runs or will run, and the owner waits for
+            // this thread in `Drop` before it frees the mailbox's contents. The engine is
+            // dropped here, on the thread that created it (a CUDA context is bound to it).
+            unsafe { (*mb.part.get()).engine = None };
+            return;
+        };
+        seen = e;
         // SAFETY: the caller published the job before this epoch (Acquire above) and leaves both
         // the job and the part alone until `done` says this epoch is finished.
         let (job, part) = unsafe { ((*mb.job.get()).expect("job published before its epoch"), &mut *mb.part.get()) };
@@ -420,9 +389,7 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
 impl Drop for ShardedEngine {
     fn drop(&mut self) {
         for s in &self.shards {
-            s.mb.stop.store(true, Ordering::SeqCst);
-            s.mb.epoch.fetch_add(1, Ordering::SeqCst);
-            futex::wake(&s.mb.epoch, 1);
+            s.mb.bell.stop();
         }
         for s in &mut self.shards {
             if let Some(h) = s.handle.take() {
