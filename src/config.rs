@@ -6,6 +6,8 @@
 //! The variables, their defaults and effects are listed in one table: docs/CONFIG.md.
 //!
 //! A value that does not parse fails the open with `INVALID_ARGUMENT` naming the variable.
+//!
+//! [`Tuning`]: crate::config::Tuning
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -59,7 +61,7 @@ pub struct Options {
     /// Exact scan, or an 8-bit scan with exact re-ranking of the best candidates.
     pub scan: Scan,
     /// Candidates re-ranked per query by the int8 scan (0 = adapt to k:
-    /// [`crate::engine::quant::rerank_count`]); at most [`MAX_RERANK`].
+    /// `crate::engine::quant::rerank_count`); at most [`MAX_RERANK`].
     pub rerank: u32,
     /// Shards the table is split into (0 or 1 = one table). Each shard is a table of its own with
     /// its own engine on its own thread; a recall scans the shards in parallel and merges their

@@ -21,6 +21,8 @@
 //! float64 as `f64` with a presence bit, bool as a byte (0 absent, 1 false, 2 true). The
 //! dictionary only grows while the server runs (a string stays interned after the last memory
 //! that used it is gone); a restart rebuilds it from the live rows.
+//!
+//! [`Columns`]: crate::meta::Columns
 
 use std::collections::HashMap;
 

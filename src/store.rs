@@ -9,6 +9,8 @@
 //! For the cosine metric vectors are stored normalised (the scan is then an inner product) and
 //! the original norm is kept in `norms`, so `get` returns the vector the caller wrote (up to
 //! rounding). For L2 `norms` holds `|x|²` so the scan is `|q|² − 2q·x + |x|²`.
+//!
+//! [`Store::take_dirty`]: crate::store::Store::take_dirty
 
 use std::collections::HashMap;
 

@@ -28,6 +28,8 @@
 //! meaning: the store lives in the calling process until it closes. Role client never takes
 //! over. An ephemeral auto store has no files to take over from: when its server goes, its
 //! clients get `SERVER_GONE`.
+//!
+//! [`ADAPTIVE_SPIN_CAP`]: crate::config::ADAPTIVE_SPIN_CAP
 
 mod ops;
 mod recall;

@@ -8,6 +8,8 @@
 //! - Rows with `expires_ms ≤ now_ms` and rows outside the namespace filter are never returned.
 //! - Results are sorted best first; ties are broken by the lower id. A query returns
 //!   `min(k, matching rows)` hits.
+//!
+//! [`router`]: crate::engine::router
 
 pub mod cpu;
 pub mod cuda;
@@ -82,7 +84,7 @@ pub trait Engine: Send {
     }
     /// Queries answered by the int8 scan (`scan = "int8"`) since the engine started, and those
     /// of them whose answer was uncertain (a true neighbour may have been missed:
-    /// [`quant::rerank`]). Engines that scan exactly report (0, 0).
+    /// `quant::rerank`). Engines that scan exactly report (0, 0).
     fn rerank_counts(&self) -> (u64, u64) {
         (0, 0)
     }

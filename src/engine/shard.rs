@@ -27,7 +27,7 @@
 //! busy-polls for `spin` after its last job, then sleeps. The caller waits until every target
 //! shard has finished (so the job may borrow the caller's request): polling, yielding the core,
 //! while the shard threads poll too; when they sleep between jobs (hosts with few cores) it
-//! polls for [`CALLER_SPIN`], then sleeps on the shard's `done` word, so it never holds a core
+//! polls for `CALLER_SPIN`, then sleeps on the shard's `done` word, so it never holds a core
 //! the shards need.
 
 use std::cell::UnsafeCell;

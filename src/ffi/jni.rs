@@ -23,6 +23,8 @@
 //! - Scratch buffers are thread-local and reused, so the steady-state recall path allocates
 //!   nothing in Rust. (A Java virtual thread is pinned to its carrier for the whole native call,
 //!   so a thread-local is never observed half-used.)
+//!
+//! [`EnvUnowned::with_env`]: ::jni::EnvUnowned::with_env
 
 use std::cell::RefCell;
 use std::ffi::c_void;

@@ -38,6 +38,13 @@
 //! listing, maps, the lock), `recover` ([`Persist::open`]), `repair` ([`dir_shape`],
 //! [`repair()`]), `fuzz` (the parsers on bytes in memory, for `tests/fuzz.rs`); this file holds
 //! the public types and the running [`Persist`]: append, group commit, compaction.
+//!
+//! [`Recovery::torn_tail`]: crate::persist::Recovery::torn_tail
+//! [`repair()`]: crate::persist::repair()
+//! [`crc32c()`]: crate::persist::crc32c()
+//! [`Persist::open`]: crate::persist::Persist::open
+//! [`dir_shape`]: crate::persist::dir_shape
+//! [`Persist`]: crate::persist::Persist
 
 use std::fs::File;
 use std::io::Write;

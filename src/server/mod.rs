@@ -19,6 +19,9 @@
 //!
 //! Requests and responses are encoded and decoded by [`crate::wire`]; the engine is chosen, and
 //! replaced when the CUDA engine fails, by [`crate::engine::router`].
+//!
+//! [`start`]: crate::server::start
+//! [`ServerHandle`]: crate::server::ServerHandle
 
 mod cluster;
 mod gather;

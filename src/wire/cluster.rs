@@ -3,7 +3,7 @@
 //! sequence token of an acknowledged write and the lag trailer of a stale-read reply.
 //!
 //! - Recall cluster section (after the filter, when [`FLAG_CLUSTER`] is set): wait_ms u32,
-//!   opts u32 ([`CLUSTER_ALLOW_STALE`]), n u32, min_seqs u64[n] (index = shard; 0 = no wait).
+//!   opts u32 ([`CLUSTER_ALLOW_STALE`]), n u32, `min_seqs u64[n]` (index = shard; 0 = no wait).
 //! - Log entry (one stream message): magic "KLG1", created_ms u64, op u32, the write's request
 //!   body (as UPSERT, DELETE, DELETE_NS, DELETE_WHERE or CLEAR carry it after their op code).
 //! - APPLY request body: n u32, then per entry shard u32, seq u64, len u32 and a log entry.

@@ -3,11 +3,11 @@
 //!
 //! The recall body without payloads, for `nq` queries and `total` hits in all, little-endian:
 //!
-//! | offset                                   | field                        |
-//! |------------------------------------------|------------------------------|
-//! | 0                                        | counts u32[nq]               |
-//! | [`recall_ids_at`]`(nq)`                  | ids u64[total], query order  |
-//! | [`recall_scores_at`]`(nq, total)`        | scores f32[total], same order|
+//! | offset                                   | field                          |
+//! |------------------------------------------|--------------------------------|
+//! | 0                                        | `counts u32[nq]`               |
+//! | [`recall_ids_at`]`(nq)`                  | `ids u64[total]`, query order  |
+//! | [`recall_scores_at`]`(nq, total)`        | `scores f32[total]`, same order|
 //!
 //! `kernels/common.cuh` (`body_hit`, and the count its callers write at offset 0) writes this
 //! body for one query from the GPU straight into the client's slot. It mirrors the constants

@@ -53,7 +53,7 @@ enum Cmd {
     Export(data::ExportArgs),
     /// Recover what is intact of a damaged data directory
     ///
-    /// Keeps the intact prefix, moves the original files to DIR/repair-<unix ms>/ and prints
+    /// Keeps the intact prefix, moves the original files to `DIR/repair-<unix ms>/` and prints
     /// what it found.
     Repair(data::RepairArgs),
     /// Send JSON-lines requests to a running store: recall, upsert, delete, get (with filters)

@@ -42,7 +42,7 @@
 //! is a total order on (key, id)).
 //!
 //! When a split pays depends on whether the workers are awake:
-//! - Hosts with at least [`SPIN_MIN_CORES`] cores: the workers busy-poll for the server's spin
+//! - Hosts with at least `SPIN_MIN_CORES` cores: the workers busy-poll for the server's spin
 //!   window (`server_spin_ns`) after each job, as the server thread does, then sleep, so an idle
 //!   server still uses no CPU. Fan-out to awake workers costs 0.5 µs (3 or 7 workers) to 2 µs
 //!   (14), so scans from 256 KiB of vectors up are split (a chunk of at least 64 KiB per
@@ -288,7 +288,7 @@ impl CpuEngine {
     }
 
     /// The engine a server runs: `threads` as in [`CpuEngine::new`]; on hosts of at least
-    /// [`SPIN_MIN_CORES`] cores the workers stay awake for `spin_ns` after each scan (the
+    /// `SPIN_MIN_CORES` cores the workers stay awake for `spin_ns` after each scan (the
     /// server's own spin window), which lets tables from 256 KiB up be split across cores.
     pub fn for_server(threads: usize, spin_ns: u64) -> CpuEngine {
         let tune = crate::config::tuning_or_default();

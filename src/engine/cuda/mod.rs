@@ -359,7 +359,7 @@ pub fn create(opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
 }
 
 /// The engine for backend `auto`: the CUDA engine with a cost model that answers requests too
-/// small to pay for a GPU round trip on the CPU engine (see [`DEFAULT_GPU_MIN_WORK`]).
+/// small to pay for a GPU round trip on the CPU engine (see `DEFAULT_GPU_MIN_WORK`).
 pub fn create_auto(opts: &Options, store: &Store) -> Result<Box<dyn Engine>> {
     create_with(opts, store, true)
 }
