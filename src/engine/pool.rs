@@ -17,9 +17,11 @@
 //! - A panic inside `f` on a worker is caught there and re-raised on the caller after the job
 //!   is closed (the server thread's own `catch_unwind` turns it into an error status).
 //!
-//! Idle policy: a worker busy-polls for `spin` after its last job (the server thread does the
-//! same for `server_spin_ns` after its last request), then sleeps on a futex until the next
-//! job's epoch, so an idle server uses no CPU. `spin` = 0 sleeps at once (every job then pays a
+//! Idle policy: a worker polls for `spin` after its last job (the server thread does the same
+//! for `server_spin_ns` after its last request): busy for the first [`HOT_POLL`], then yielding
+//! its CPU between polls, so a client or the server thread that needs the CPU gets it at once
+//! where threads outnumber CPUs. Then it sleeps on a futex until the next job's epoch, so an
+//! idle server uses no CPU. `spin` = 0 sleeps at once (every job then pays a
 //! wake, so only large scans are worth splitting: see `CpuEngine`).
 //!
 //! Placement ([`Pool::pin_apart`]): on a host with few cores, where the workers sleep between
@@ -243,15 +245,12 @@ fn cpus_in(set: &libc::cpu_set_t) -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, set) }).collect()
 }
 
-/// How a thread waiting for work uses its spin window (see [`Bell::wait`]).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Poll {
-    /// Busy-polls: the pool's workers, one per core.
-    Spin,
-    /// Yields every 256 polls, never holding a core another runnable thread needs: shard
-    /// threads, which share cores with the caller and each other.
-    Yield,
-}
+/// How long a pool worker busy-polls after a job before it polls yielding its CPU (the rest of
+/// its spin window): a client's next request arrives within microseconds of its answer, and
+/// past that a worker that kept its CPU would hold it for a whole time slice from a client (or
+/// the server thread) that needs it where the host has fewer free CPUs than spinning threads.
+/// The server thread's own idle poll does the same.
+pub(super) const HOT_POLL: Duration = Duration::from_micros(20);
 
 /// The doorbell of threads that wait for jobs: an epoch bumped once per job (the futex word
 /// they sleep on), a count of sleepers, and a stop flag.
@@ -284,11 +283,12 @@ impl Bell {
     }
 
     /// Waits for the epoch to differ from `seen` and returns its new value, or `None` once
-    /// [`Bell::stop`] was called. Polls until `spin` has passed since `last` (the end of the
-    /// thread's last job), then sleeps on the epoch, counted in `sleepers` meanwhile. The epoch
+    /// [`Bell::stop`] was called. Busy-polls until `hot` has passed since `last` (the end of the
+    /// thread's last job), polls yielding its CPU between polls until `spin` has, then sleeps on
+    /// the epoch, counted in `sleepers` meanwhile. The epoch
     /// is read before the stop flag, and `between` runs between the two reads (a test hook):
     /// `stop` raises the flag before it bumps the epoch, so its bump is never taken for a job.
-    pub(super) fn wait(&self, seen: u32, last: Instant, spin: Duration, poll: Poll, between: impl Fn()) -> Option<u32> {
+    pub(super) fn wait(&self, seen: u32, last: Instant, hot: Duration, spin: Duration, between: impl Fn()) -> Option<u32> {
         let mut spins = 0u32;
         loop {
             let e = self.epoch.load(Ordering::Acquire);
@@ -304,11 +304,13 @@ impl Bell {
                 std::hint::spin_loop();
                 continue;
             }
-            if last.elapsed() < spin {
-                match poll {
-                    Poll::Spin => std::hint::spin_loop(),
-                    Poll::Yield => std::thread::yield_now(),
-                }
+            let idle = last.elapsed();
+            if idle < hot.min(spin) {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle < spin {
+                std::thread::yield_now();
                 continue;
             }
             self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -325,7 +327,7 @@ fn worker(sh: &Shared, idx: usize) {
     let mut seen = sh.bell.epoch.load(Ordering::Acquire);
     let mut last = Instant::now();
     loop {
-        let Some(e) = sh.bell.wait(seen, last, sh.spin, Poll::Spin, || {}) else {
+        let Some(e) = sh.bell.wait(seen, last, HOT_POLL, sh.spin, || {}) else {
             return;
         };
         seen = e;

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::pool::{Bell, Poll};
+use super::pool::Bell;
 use super::{key_to_score, reset_out, Engine, EngineKind, TopK};
 use crate::error::{Error, Result, Status};
 use crate::shm::futex;
@@ -363,7 +363,7 @@ fn shard_thread(mb: &Mailbox, idx: usize) {
                 std::thread::sleep(Duration::from_micros(300));
             }
         };
-        let Some(e) = mb.bell.wait(seen, last, mb.spin, Poll::Yield, widen) else {
+        let Some(e) = mb.bell.wait(seen, last, Duration::ZERO, mb.spin, widen) else {
             // SAFETY: the engine is stopping: no job runs or will run, and the owner waits for
             // this thread in `Drop` before it frees the mailbox's contents. The engine is
             // dropped here, on the thread that created it (a CUDA context is bound to it).
