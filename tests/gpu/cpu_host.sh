@@ -11,6 +11,8 @@ OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"
 LOG="$OUT/cpu_host.log"
 C=$(nproc)
 echo "cpu_host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), commit $(cat COMMIT 2>/dev/null | tr '\n' ' ')" | tee -a "$LOG"
+# Sockets, NUMA nodes and caches: a table first touched by one thread lives on one node.
+lscpu 2>/dev/null | grep -Ei '^(socket|numa|l2|l3|thread)' | tr -s ' ' | sed 's/^/  /' | tee -a "$LOG"
 for spec in ${*:-10000:128:3000 100000:384:600 1000000:128:200}; do
   IFS=: read -r n d it <<< "$spec"
   for cfg in "threads 1" "threads 0" "threads $C" "shards $((C - 1))"; do
