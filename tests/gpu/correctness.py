@@ -700,30 +700,48 @@ def suite_oom():
     st.close()
 
 
-def suite_fault_and_auto():
-    # Injected CUDA fault: the request still succeeds (CPU fallback) and stats say so.
-    code = r'''
+FAULT_CHILD = r'''
 import os, sys, numpy as np
 sys.path.insert(0, %r)
 from kalos_ct import *
 lib = load()
-st = Store(lib, "gpufault-%%d" %% os.getpid(), dim=16, metric=IP, backend=CUDA)
+st = Store(lib, "gpufault-%%d" %% os.getpid(), dim=16, metric=IP, backend=%d, device_shards=%d)
 X = np.random.default_rng(1).standard_normal((5000, 16)).astype(np.float32)
 st.upsert(np.arange(1, 5001, dtype=np.uint64), X)
 a = st.recall(X[3], 5)
 b = st.recall(X[3], 5)
 s = st.stats()
-print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]))
-print("REASON", s.fallback_reason.decode())
+print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]), flush=True)
+print("REASON", s.fallback_reason.decode(), flush=True)
 st.close()
-''' % os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, KALOS_CUDA_FAULT_AFTER="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+print("CLOSED", flush=True)
+'''
+
+
+def fault_child(backend, shards=0, **env_set):
+    """Runs FAULT_CHILD (a store of 5000 rows, two recalls of row 3, stats, close) in a fresh
+    process under faulthandler with the environment changed by `env_set` (None removes a
+    variable). Returns (RESULT fields or [], REASON line, completed process): the fields are
+    engine, fallbacks, engine name, the two recalls' first ids and the second's length."""
+    code = FAULT_CHILD % (os.path.dirname(os.path.abspath(__file__)), backend, shards)
+    env = dict(os.environ)
+    for k, v in env_set.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env, capture_output=True, text=True, timeout=120)
     line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
-    ok = bool(line) and line[0].split()[1] == "1" and line[0].split()[2] == "1" and line[0].split()[4] == line[0].split()[5]
-    record("fault/cpu-fallback", ok, out=r.stdout[-500:], err=r.stderr[-800:])
     reason = [l for l in r.stdout.splitlines() if l.startswith("REASON")]
-    record("fault/fallback-reason", bool(reason) and "injected fault" in reason[0], out=r.stdout[-500:])
+    return (line[0].split()[1:] if line else []), (reason[0] if reason else ""), r
+
+
+def suite_fault_and_auto():
+    # Injected CUDA fault: the request still succeeds (CPU fallback) and stats say so.
+    f, reason, r = fault_child(CUDA, KALOS_CUDA_FAULT_AFTER="1")
+    ok = bool(f) and f[0] == "1" and f[1] == "1" and f[3] == f[4]
+    record("fault/cpu-fallback", ok, rc=r.returncode, out=r.stdout[-500:], err=r.stderr[-800:])
+    record("fault/fallback-reason", "injected fault" in reason, out=r.stdout[-500:])
     # A GPU engine that cannot start under auto (dimension beyond the kernels' limit): the CPU
     # serves and stats say why.
     st = open_store(9000, IP, backend=AUTO, capacity=1024)
@@ -743,12 +761,8 @@ st.close()
     n2 = st.stats().engine_name.decode()
     record("auto/cost-model", "last:cpu" in n1 and "last:gpu" in n2, small=n1, large=n2)
     st.close()
-    code2 = code.replace("backend=CUDA", "backend=AUTO")
-    env = dict(os.environ, KALOS_BACKEND="cpu")
-    env.pop("KALOS_CUDA_FAULT_AFTER", None)
-    r = subprocess.run([sys.executable, "-c", code2], env=env, capture_output=True, text=True, timeout=120)
-    line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
-    record("env/KALOS_BACKEND=cpu", bool(line) and line[0].split()[1] == "1", out=r.stdout[-300:], err=r.stderr[-300:])
+    f, _, r = fault_child(AUTO, KALOS_BACKEND="cpu", KALOS_CUDA_FAULT_AFTER=None)
+    record("env/KALOS_BACKEND=cpu", bool(f) and f[0] == "1", out=r.stdout[-300:], err=r.stderr[-300:])
 
 
 def gpu_count():
@@ -802,28 +816,10 @@ def suite_shards():
         except KalosError as e:
             record("shards/missing-device", e.status == INVALID_ARGUMENT, status=e.status, msg=str(e))
     # Injected fault on the shards' GPU searches: the store falls back to the CPU engine.
-    code = r'''
-import os, sys, numpy as np
-sys.path.insert(0, %r)
-from kalos_ct import *
-lib = load()
-st = Store(lib, "gpushfault-%%d" %% os.getpid(), dim=16, metric=IP, backend=%d, device_shards=3)
-X = np.random.default_rng(1).standard_normal((5000, 16)).astype(np.float32)
-st.upsert(np.arange(1, 5001, dtype=np.uint64), X)
-a = st.recall(X[3], 5)
-b = st.recall(X[3], 5)
-s = st.stats()
-print("RESULT", s.engine, s.engine_fallbacks, s.engine_name.decode(), int(a[0][0]), int(b[0][0]), len(b[0]), flush=True)
-st.close()
-print("CLOSED", flush=True)
-''' % (os.path.dirname(os.path.abspath(__file__)), BACKEND)
     if BACKEND == CUDA:
-        env = dict(os.environ, KALOS_CUDA_FAULT_AFTER="1")
         for attempt in range(3):
-            r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env, capture_output=True, text=True, timeout=120)
-            line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
-            f = line[0].split() if line else []
-            ok = bool(f) and f[1] == "1" and f[2] == "1" and f[4] == f[5] and f[6] == "5"
+            f, _, r = fault_child(CUDA, shards=3, KALOS_CUDA_FAULT_AFTER="1")
+            ok = bool(f) and f[0] == "1" and f[1] == "1" and f[3] == f[4] and f[5] == "5"
             ok = ok and r.returncode == 0 and "CLOSED" in r.stdout
             record("shards/fault/cpu-fallback/%d" % attempt, ok, rc=r.returncode, out=r.stdout[-500:], err=r.stderr[-3000:])
 
