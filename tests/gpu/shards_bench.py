@@ -42,6 +42,26 @@ def pct(v, p):
     return float(np.percentile(np.asarray(v) * 1e6, p))
 
 
+def timed(single, batch):
+    """SINGLES calls of `single(i)` one at a time and BATCHES calls of `batch()` (each warmed
+    up first): p50 / p99 of the singles in us and the batch-1024 q/s, plus the last batch's
+    result."""
+    for i in range(50):
+        single(i)
+    lat = []
+    for i in range(SINGLES):
+        t = time.perf_counter()
+        single(i)
+        lat.append(time.perf_counter() - t)
+    batch()
+    bt = []
+    for _ in range(BATCHES):
+        t = time.perf_counter()
+        res = batch()
+        bt.append(time.perf_counter() - t)
+    return dict(p50_us=pct(lat, 50), p99_us=pct(lat, 99), batch_qps=1024 / float(np.median(bt))), res
+
+
 def bench_store(tag, parts, **kw):
     """`parts`: list of (ids, X) chunks that make the table."""
     total = sum(len(i) for i, _ in parts)
@@ -55,21 +75,8 @@ def bench_store(tag, parts, **kw):
     load_s = time.time() - t0
     info = st.stats()
     Q = rng.standard_normal((max(SINGLES, 1024), DIM), dtype=np.float32)
-    for q in Q[:50]:
-        st.recall(q, K)
-    lat = []
-    for q in Q[:SINGLES]:
-        t = time.perf_counter()
-        st.recall(q, K)
-        lat.append(time.perf_counter() - t)
-    st.recall_batch(Q[:1024], K)
-    bt = []
-    for _ in range(BATCHES):
-        t = time.perf_counter()
-        res = st.recall_batch(Q[:1024], K)
-        bt.append(time.perf_counter() - t)
-    out = dict(store=tag, rows=total, engine=info.engine_name.decode(), load_s=round(load_s, 1),
-               p50_us=pct(lat, 50), p99_us=pct(lat, 99), batch_qps=1024 / float(np.median(bt)))
+    times, res = timed(lambda i: st.recall(Q[i], K), lambda: st.recall_batch(Q[:1024], K))
+    out = dict(store=tag, rows=total, engine=info.engine_name.decode(), load_s=round(load_s, 1), **times)
     # Exactness: top-10 ids of sample queries against torch f32 over the same rows.
     Xt = torch.cat([torch.from_numpy(X) for _, X in parts]).to("cuda:0", torch.float16).float()
     It = torch.from_numpy(np.concatenate([i for i, _ in parts]).astype(np.int64)).to("cuda:0")
@@ -104,21 +111,8 @@ def bench_torch(tag, parts, devices):
         torch.cuda.synchronize("cuda:0")
         return v, i
 
-    for _ in range(20):
-        run(1)
-    lat = []
-    for _ in range(SINGLES):
-        t = time.perf_counter()
-        run(1)
-        lat.append(time.perf_counter() - t)
-    run(1024)
-    bt = []
-    for _ in range(BATCHES):
-        t = time.perf_counter()
-        run(1024)
-        bt.append(time.perf_counter() - t)
-    out = dict(store=tag, rows=sum(len(i) for i, _ in parts), engine="torch x%d" % len(devices),
-               p50_us=pct(lat, 50), p99_us=pct(lat, 99), batch_qps=1024 / float(np.median(bt)))
+    times, _ = timed(lambda i: run(1), lambda: run(1024))
+    out = dict(store=tag, rows=sum(len(i) for i, _ in parts), engine="torch x%d" % len(devices), **times)
     del Xs
     torch.cuda.empty_cache()
     return out
