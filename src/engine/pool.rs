@@ -18,7 +18,7 @@
 //!   is closed (the server thread's own `catch_unwind` turns it into an error status).
 //!
 //! Idle policy: a worker polls for `spin` after its last job (the server thread does the same
-//! for `server_spin_ns` after its last request): busy for the first [`HOT_POLL`], then yielding
+//! for `server_spin_ns` after its last request): busy for the first `HOT_POLL`, then yielding
 //! its CPU between polls, so a client or the server thread that needs the CPU gets it at once
 //! where threads outnumber CPUs. Then it sleeps on a futex until the next job's epoch, so an
 //! idle server uses no CPU. `spin` = 0 sleeps at once (every job then pays a
