@@ -81,9 +81,9 @@ run_tsan() {
   fi
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
   # shellcheck disable=SC2046
-  CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=thread" cargo +nightly test -Zbuild-std --target "$TARGET" \
+  CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=thread --cfg kalos_no_mremap" cargo +nightly test -Zbuild-std --target "$TARGET" \
     --lib $(test_args "${TSAN_TESTS[@]}") -- --test-threads=2 || return 1
-  CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=thread" cargo +nightly build -Zbuild-std --target "$TARGET" --lib || return 1
+  CARGO_TARGET_DIR=$dir RUSTFLAGS="-Zsanitizer=thread --cfg kalos_no_mremap" cargo +nightly build -Zbuild-std --target "$TARGET" --lib || return 1
   local lib=$dir/$TARGET/debug out=$dir/c
   local rt=$sysroot/lib/rustlib/$TARGET/lib/librustc-nightly_rt.tsan.a
   mkdir -p "$out"

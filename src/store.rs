@@ -118,18 +118,27 @@ impl LineVec {
         // Mapped in 64 KiB steps (whole 4 KiB pages).
         let grain = 1usize << 16;
         let new_cap = want.max(self.cap.saturating_mul(2)).max(grain).div_ceil(grain) * grain;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let fresh = || unsafe {
+            libc::mmap(std::ptr::null_mut(), new_cap, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
         let p = if self.cap == 0 {
-            // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
-            unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    new_cap,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
+            fresh()
+        } else if cfg!(kalos_no_mremap) {
+            // The ThreadSanitizer build (scripts/sanitize.sh): TSan does not intercept mremap, so
+            // a mapping moved onto addresses another thread's table once held would be reported
+            // as racing with that thread's old writes. A new mapping, a copy, an unmapping.
+            let p = fresh();
+            if p != libc::MAP_FAILED {
+                // SAFETY: the first `len` values of the old mapping into the new one (at least
+                // as large); distinct mappings; then the old mapping, which nothing refers to
+                // during this `&mut self` call, is unmapped.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), p.cast::<f32>(), self.len);
+                    libc::munmap(self.ptr.as_ptr().cast(), self.cap);
+                }
             }
+            p
         } else {
             // SAFETY: ptr/cap describe this LineVec's own mapping; MREMAP_MAYMOVE may move it,
             // and no reference into it outlives this `&mut self` call.
