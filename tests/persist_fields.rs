@@ -82,6 +82,32 @@ fn a_format_v1_log_opens_and_continues_in_v2() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A crash while the next log of a version 1 chain was being created leaves it shorter than its
+/// header: the open rewrites that header for the next log (its own generation, this build's
+/// version) and leaves the version 1 log before it as it is, so the directory opens again.
+#[test]
+fn a_torn_header_after_a_format_v1_log_is_rewritten_as_the_next_log() {
+    let dir = fixture("wal-only");
+    let wal0 = dir.join("wal-0000000000000000.wal");
+    let wal1 = dir.join("wal-0000000000000001.wal");
+    std::fs::write(&wal1, [0u8; 40]).unwrap();
+    std::fs::set_permissions(&wal1, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let k = server(&dir, "v1torn");
+    let count = k.stats().unwrap().count;
+    assert_eq!(count, 26, "the rows of the version 1 log");
+    k.upsert(&[600], &[0.25; 4], &UpsertOptions::default()).unwrap();
+    k.close();
+    let b = std::fs::read(&wal1).unwrap();
+    assert_eq!(version_of(&wal1), 2);
+    assert_eq!(u64::from_le_bytes(b[24..32].try_into().unwrap()), 1, "the rewritten header names its own generation");
+    assert_eq!(version_of(&wal0), 1, "the log before it is left as it was");
+    let k = server(&dir, "v1torn2");
+    assert_eq!(k.stats().unwrap().count, count + 1);
+    assert_eq!(k.get(&[600]).unwrap()[0].vector, vec![0.25; 4]);
+    k.close();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_format_v1_snapshot_and_log_open() {
     let dir = fixture("snap-wal");

@@ -95,9 +95,12 @@ impl Persist {
                         format!("log of {} bytes is shorter than its header, and later logs follow it", b.len()),
                     ));
                 }
-                // Crash while creating the log (before any record could be written).
+                // Crash while creating the log (before any record could be written). Its header
+                // is written anew below, in this build's version: the header of the log before
+                // it is not this log's to bring up to date.
                 rec.torn_tail = Some(format!("torn log header in {}: {} bytes; rewritten", path.display(), b.len()));
                 wal_len = 0;
+                last_hdr = None;
                 break;
             }
             let h = FileHeader::decode(&path, b, Kind::Wal)?;
