@@ -21,8 +21,8 @@
 //! for `server_spin_ns` after its last request): busy for the first `HOT_POLL`, then yielding
 //! its CPU between polls, so a client or the server thread that needs the CPU gets it at once
 //! where threads outnumber CPUs. Then it sleeps on a futex until the next job's epoch, so an
-//! idle server uses no CPU. `spin` = 0 sleeps at once (every job then pays a
-//! wake, so only large scans are worth splitting: see `CpuEngine`).
+//! idle server uses no CPU. `spin` = 0 sleeps at once (every job then pays a wake, so only
+//! large scans are worth splitting: see `CpuEngine`).
 //!
 //! Placement ([`Pool::pin_apart`]): on a host with few cores, where the workers sleep between
 //! jobs, the scheduler often wakes a worker on the CPU of the thread that woke it (the server
@@ -285,9 +285,9 @@ impl Bell {
     /// Waits for the epoch to differ from `seen` and returns its new value, or `None` once
     /// [`Bell::stop`] was called. Busy-polls until `hot` has passed since `last` (the end of the
     /// thread's last job), polls yielding its CPU between polls until `spin` has, then sleeps on
-    /// the epoch, counted in `sleepers` meanwhile. The epoch
-    /// is read before the stop flag, and `between` runs between the two reads (a test hook):
-    /// `stop` raises the flag before it bumps the epoch, so its bump is never taken for a job.
+    /// the epoch, counted in `sleepers` meanwhile. The epoch is read before the stop flag, and
+    /// `between` runs between the two reads (a test hook): `stop` raises the flag before it
+    /// bumps the epoch, so its bump is never taken for a job.
     pub(super) fn wait(&self, seen: u32, last: Instant, hot: Duration, spin: Duration, between: impl Fn()) -> Option<u32> {
         let mut spins = 0u32;
         loop {
