@@ -245,12 +245,12 @@ fn cpus_in(set: &libc::cpu_set_t) -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, set) }).collect()
 }
 
-/// How long a pool worker busy-polls after a job before it polls yielding its CPU (the rest of
-/// its spin window): a client's next request arrives within microseconds of its answer, and
-/// past that a worker that kept its CPU would hold it for a whole time slice from a client (or
-/// the server thread) that needs it where the host has fewer free CPUs than spinning threads.
-/// The server thread's own idle poll does the same.
-pub(super) const HOT_POLL: Duration = Duration::from_micros(20);
+/// How long a pool worker (and the server thread, `server::serve`) busy-polls after a job or
+/// request before it polls yielding its CPU (the rest of its spin window): a client's next
+/// request arrives within microseconds of its answer, and past that a thread that kept its CPU
+/// would hold it for a whole time slice from a client (or the server thread) that needs it where
+/// the host has fewer free CPUs than spinning threads.
+pub(crate) const HOT_POLL: Duration = Duration::from_micros(20);
 
 /// The doorbell of threads that wait for jobs: an epoch bumped once per job (the futex word
 /// they sleep on), a count of sleepers, and a stop flag.

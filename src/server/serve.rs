@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::publish::{encode_result, Reply};
 use super::Server;
+use crate::engine::pool::HOT_POLL;
 use crate::error::{Error, Status};
 use crate::shm::{self, futex};
 use crate::types::now_unix_ms;
@@ -15,8 +16,6 @@ use crate::wire::request::{body_of, op_of, RECALL_HEAD_MAX};
 use crate::wire::{FLAG_FILTER, OP_GET, OP_LIST, OP_RECALL, OP_STATS};
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
-/// Busy-poll without yielding for this long after a request (see `run`).
-const HOT_SPIN: Duration = Duration::from_micros(20);
 
 /// Requests of at least this many bytes are copied into the mirror (a batch of queries) rather
 /// than into a pooled vector.
@@ -91,7 +90,7 @@ impl Server {
                 // yield between polls. The scheduler often places a client we just woke on our
                 // CPU (wake-affine); a server that spins without yielding would hold that CPU for
                 // its whole spin window while the client waits to read its answer.
-                if idle < HOT_SPIN && !self.woke_client.get() {
+                if idle < HOT_POLL && !self.woke_client.get() {
                     std::hint::spin_loop();
                 } else {
                     self.woke_client.set(false);
