@@ -92,11 +92,13 @@ static size_t reference(const float *table, const uint64_t *ids, size_t n, size_
     return m;
 }
 
-/* Results agree when every returned score matches the reference score at that rank, and ids
- * match wherever the reference has no near-tie at that rank. */
-static int agree(const uint64_t *ids, const float *scores, size_t count, const ref_hit *ref, size_t m) {
-    if (count != m) return 0;
-    for (size_t i = 0; i < m; i++) {
+/* Results agree when there are k of them (fewer where the reference has fewer rows), every
+ * returned score matches the reference score at that rank, and ids match wherever the reference
+ * has no near-tie at that rank. `ref` holds the reference's top k + 1 (m rows): the k-th best
+ * row and the next one may be a near-tie, and then either may come last. */
+static int agree(const uint64_t *ids, const float *scores, size_t count, const ref_hit *ref, size_t m, size_t k) {
+    if (count != (m < k ? m : k)) return 0;
+    for (size_t i = 0; i < count; i++) {
         double tol = 1e-4 * (1.0 + fabs(ref[i].score));
         if (fabs(scores[i] - ref[i].score) > tol) return 0;
         int tie = (i > 0 && fabs(ref[i].score - ref[i - 1].score) < tol) ||
@@ -133,7 +135,7 @@ static int child_client(const char *name, const float *table, const uint64_t *id
         return 101;
     }
     ref_hit *scratch = malloc(NROWS * sizeof(ref_hit));
-    ref_hit ref[K];
+    ref_hit ref[K + 1];
     int bad = 0;
     for (int i = 0; i < NQ; i++) {
         float q[DIM];
@@ -147,9 +149,9 @@ static int child_client(const char *name, const float *table, const uint64_t *id
             bad++;
             continue;
         }
-        size_t m = reference(table, ids, NROWS, DIM, q, K, ref, scratch);
-        if (!agree(rid, rsc, cnt, ref, m)) {
-            fprintf(stderr, "child query %d: %zu hits (want %zu), first id %llu (want %llu)\n", i, cnt, m,
+        size_t m = reference(table, ids, NROWS, DIM, q, K + 1, ref, scratch);
+        if (!agree(rid, rsc, cnt, ref, m, K)) {
+            fprintf(stderr, "child query %d: %zu hits (want %zu), first id %llu (want %llu)\n", i, cnt, m < K ? m : K,
                     (unsigned long long)(cnt ? rid[0] : 0), (unsigned long long)(m ? ref[0].id : 0));
             bad++;
         }
@@ -166,9 +168,9 @@ static int child_client(const char *name, const float *table, const uint64_t *id
         bad++;
     }
     for (int j = 0; st == KALOS_OK && j < 4; j++) {
-        size_t m = reference(table, ids, NROWS, DIM, qs + j * DIM, K, ref, scratch);
-        if (!agree(bid + j * K, bsc + j * K, bcnt[j], ref, m)) {
-            fprintf(stderr, "child batch query %d: %zu hits (want %zu), first id %llu (want %llu)\n", j, bcnt[j], m,
+        size_t m = reference(table, ids, NROWS, DIM, qs + j * DIM, K + 1, ref, scratch);
+        if (!agree(bid + j * K, bsc + j * K, bcnt[j], ref, m, K)) {
+            fprintf(stderr, "child batch query %d: %zu hits (want %zu), first id %llu (want %llu)\n", j, bcnt[j], m < K ? m : K,
                     (unsigned long long)(bcnt[j] ? bid[j * K] : 0), (unsigned long long)(m ? ref[0].id : 0));
             bad++;
         }
