@@ -86,6 +86,11 @@ fn agree(hits: &[Hit], want: &[(f64, u64)], k: usize) -> std::result::Result<(),
     Ok(())
 }
 
+/// [`agree`] against the reference top `k + 1` of `rows`.
+fn exact<'a>(hits: &[Hit], rows: impl Iterator<Item = (u64, &'a [f32])>, q: &[f32], k: usize) -> std::result::Result<(), String> {
+    agree(hits, &reference(rows, q, k + 1), k)
+}
+
 #[derive(Default, Debug, Clone, Copy)]
 struct Counts {
     calls: u64,
@@ -124,7 +129,7 @@ fn worker(k: &Kalos, table: &Table, wid: u64, seed: u64, until: Instant) -> std:
                 let t0 = Instant::now();
                 let hits = k.recall(&q, K, &table_only).map_err(|e| format!("recall: {e}"))?;
                 timed(UNHURRIED_MS, "recall", t0)?;
-                agree(&hits, &reference(table_rows(), &q, K + 1), K).map_err(|e| format!("recall of the table: {e}"))?;
+                exact(&hits, table_rows(), &q, K).map_err(|e| format!("recall of the table: {e}"))?;
             }
             // A batch at a deadline it often misses: withdrawn, or answered exactly.
             3..=4 => {
@@ -138,8 +143,7 @@ fn worker(k: &Kalos, table: &Table, wid: u64, seed: u64, until: Instant) -> std:
                 match r {
                     Ok(res) => {
                         for (i, hits) in res.iter().enumerate() {
-                            let want = reference(table_rows(), &qs[i * DIM..(i + 1) * DIM], K + 1);
-                            agree(hits, &want, K).map_err(|e| format!("batch query {i}: {e}"))?;
+                            exact(hits, table_rows(), &qs[i * DIM..(i + 1) * DIM], K).map_err(|e| format!("batch query {i}: {e}"))?;
                         }
                     }
                     Err(e) if e.status == Status::Timeout => c.withdrawn += 1,
@@ -191,8 +195,7 @@ fn worker(k: &Kalos, table: &Table, wid: u64, seed: u64, until: Instant) -> std:
                 let q = query(&mut rng);
                 let o = RecallOptions { namespaces: Some(vec![ns]), timeout_ms: Some(UNHURRIED_MS), ..Default::default() };
                 let hits = k.recall(&q, K, &o).map_err(|e| format!("recall of its own rows: {e}"))?;
-                let want = reference(own.iter().map(|(id, v)| (*id, &v[..])), &q, K + 1);
-                agree(&hits, &want, K).map_err(|e| format!("recall of its own rows: {e}"))?;
+                exact(&hits, own.iter().map(|(id, v)| (*id, &v[..])), &q, K).map_err(|e| format!("recall of its own rows: {e}"))?;
             }
         }
     }
