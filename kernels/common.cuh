@@ -32,7 +32,7 @@ typedef unsigned short u16;
 
 // Every constant shared with the host, and the dimension's geometry, come from the engine as
 // -D defines (src/engine/cuda/compile.rs, KernelSpec::options): one source of truth.
-#if !defined(NT) || !defined(CHUNK) || !defined(KMAX) || !defined(MAXNS) || !defined(PARAMS_BYTES) || !defined(PARAMS_HEAD) || !defined(SMEM_MAIN) || !defined(PROF_OFF) || !defined(FLAG_EXPIRY) || !defined(FLAG_RECENCY) || !defined(FLAG_CUT) || !defined(KCUT) || !defined(NS_INLINE) || !defined(FU) || !defined(DIM) || !defined(DTYPE) || !defined(METRIC) || !defined(VEC) || !defined(DP) || !defined(NV) || !defined(GS) || !defined(NCH) || !defined(QREG) || !defined(RU0) || !defined(BYVAL) || !defined(PROF)
+#if !defined(NT) || !defined(CHUNK) || !defined(KMAX) || !defined(MAXNS) || !defined(PARAMS_BYTES) || !defined(PARAMS_HEAD) || !defined(SMEM_MAIN) || !defined(PROF_OFF) || !defined(FLAG_EXPIRY) || !defined(FLAG_RECENCY) || !defined(FLAG_CUT) || !defined(KCUT) || !defined(MCAP) || !defined(CUT_FLAG) || !defined(NS_INLINE) || !defined(FU) || !defined(DIM) || !defined(DTYPE) || !defined(METRIC) || !defined(VEC) || !defined(DP) || !defined(NV) || !defined(GS) || !defined(NCH) || !defined(QREG) || !defined(RU0) || !defined(BYVAL) || !defined(PROF)
 #error "compile the kernels through KernelSpec::options (src/engine/cuda/compile.rs)"
 #endif
 // NT: threads per block. CHUNK: most rows one block scores. DP: padded row length (elements,
@@ -69,13 +69,14 @@ struct ParamsHead {
     float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
 };
 static_assert(sizeof(ParamsHead) == PARAMS_HEAD, "Params head: mirrored in cuda/mod.rs (PARAMS_HEAD)");
+static_assert(KCUT % 4 == 0, "merge_cut reads the cut candidates four at a time");
 struct Params : ParamsHead {
     u64 ns[MAXNS];
     u64 dst;      // single query: device address of the client's slot (its response body), or 0
 };
-// Dynamic shared memory of the search kernels before the (optional) query copy: the chunk keys
-// (CHUNK*4) share the first 32 KiB with the merge input (MCAP*8); then 16 KiB of merge output.
-#define MCAP 4096  // candidates the final merge compacts into shared memory
+// Dynamic shared memory of the search kernels before the (optional) query copy (SMEM_MAIN): the
+// chunk keys (CHUNK*4) share the first MCAP*8 bytes with the merge input (MCAP candidates the
+// final merge compacts into shared memory); then KMAX*16 bytes of merge output.
 
 // Table columns on the device.
 struct Table {
@@ -634,6 +635,46 @@ __device__ __noinline__ u32 select_bound(const u32* keys, u32 m, u32 row0, u32 k
     return rank_select(ckey, crow, 0u, c, k, ids, okey, orow);
 }
 
+// The final merges' shared memory (SMEM_MAIN): MCAP compacted candidates (keys, rows), then
+// the selection's KMAX keys, rows and ids; and the response they write to `out` (count word,
+// k ids, k scores) and to `dst` (the client's slot, when not null).
+struct MergeOut {
+    u32* mkey;
+    u32* mrow;
+    u32* skey;
+    u32* srow;
+    u64* sid;
+    u64* out_ids;
+    float* out_scores;
+    u32* count;
+    u32* dst;
+    __device__ __forceinline__ MergeOut(unsigned char* smem, unsigned char* out, u32 k, u32* dst_)
+        : mkey((u32*)smem), mrow((u32*)smem + MCAP), skey((u32*)(smem + MCAP * 8)), srow(skey + KMAX),
+          sid((u64*)(srow + KMAX)), out_ids((u64*)(out + 8)), out_scores((float*)(out + 8 + 8 * (size_t)k)),
+          count((u32*)out), dst(dst_) {}
+
+    // The top k of the c candidates compacted into mkey/mrow (c <= MCAP): a few (<= NT, the
+    // usual case) ranked directly, more through the radix select and a sort.
+    __device__ __forceinline__ void rank(u32 c, u32 k, const u64* ids, SelShared& S) {
+        if (c <= NT) {
+            rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, count, dst);
+            return;
+        }
+        SmemAcc a{mkey, mrow, ids};
+        const u32 got = select_to(a, c, k, S, skey, srow);
+        sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, count, dst);
+    }
+
+    // The top k of `total` candidates at or above `lo`, selected straight from global memory
+    // (more than MCAP survive: large k, heavy ties).
+    __device__ __forceinline__ void select_global(const u32* ckey, const u32* crow, u32 total, u32 lo, u32 k,
+                                                  const u64* ids, SelShared& S) {
+        FlatAcc a{ckey, crow, lo, ids};
+        const u32 got = select_to(a, total, k, S, skey, srow);
+        sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, count, dst);
+    }
+};
+
 // Final merge of the single-query path (the last block): the blocks appended `total` candidates,
 // each at or above the bound at the time; every entry below the final bound `lo` cannot be in the
 // top k. The survivors are compacted into shared memory with independent loads (one memory round
@@ -643,18 +684,12 @@ __device__ __noinline__ u32 select_bound(const u32* keys, u32 m, u32 row0, u32 k
 __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 total, u32 lo, u32 k, const u64* ids, u32* dst,
                                         unsigned char* smem, SelShared& S, unsigned char* out) {
     const u32 t = threadIdx.x;
-    u64* out_ids = (u64*)(out + 8);
-    float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
-    u32* mkey = (u32*)smem;
-    u32* mrow = mkey + MCAP;
-    u32* skey = (u32*)(smem + MCAP * 8);
-    u32* srow = skey + KMAX;
-    u64* sid = (u64*)(srow + KMAX);
+    MergeOut M(smem, out, k, dst);
+    u32* mkey = M.mkey;
+    u32* mrow = M.mrow;
     if (total > MCAP) {  // many candidates (large k, ties): select straight from global memory
         if (PROF && t == 0) stamp(out, 5);
-        FlatAcc a{ckey, crow, lo, ids};
-        const u32 c = select_to(a, total, k, S, skey, srow);
-        sort_and_write(skey, srow, sid, c, ids, out_ids, out_scores, (u32*)out, dst);
+        M.select_global(ckey, crow, total, lo, k, ids, S);
         return;
     }
     if (t == 0) S.cnt = 0;
@@ -698,13 +733,7 @@ __device__ __noinline__ void merge_flat(const u32* ckey, const u32* crow, u32 to
         ((volatile u64*)(out + PROF_OFF))[8] = ((u64)total << 32) | c;  // candidates, survivors
     }
     __syncthreads();
-    if (c <= NT) {
-        rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out, dst);
-        return;
-    }
-    SmemAcc a{mkey, mrow, ids};
-    const u32 got = select_to(a, c, k, S, skey, srow);
-    sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, dst);
+    M.rank(c, k, ids, S);
 }
 
 // Accessor over keys in shared memory (no rows, no ids: a rule with `ties` only).
@@ -715,24 +744,19 @@ struct KeyAcc {
     __device__ __forceinline__ u64 id(u32 i) const { return 0ull; }
 };
 
-// Final merge of a FLAG_CUT single query (the last block): `grid` blocks each left kb sorted-or-not
-// candidates at fixed slots and their maximum at ckey[grid * kb + b]; the top k (k > kb) is
+// Final merge of a FLAG_CUT single query (the last block): `grid` blocks each left kb (a multiple
+// of 4) candidates at fixed slots and their maximum at ckey[grid * kb + b]; the top k (k > kb) is
 // wanted. The k-th largest block maximum bounds the k-th key from below (k blocks each hold a
 // key at or above it), which leaves a few hundred of the grid * kb entries; they are compacted
 // into shared memory and ranked. `cutmax` is the largest key a block cut at (rows at or below it
 // may be missing): when fewer than k entries lie above it, the count word's top bit is set and
 // the caller scans again without the cut.
-#define CUT_FLAG 0x80000000u
 __device__ __noinline__ void merge_cut(const u32* ckey, const u32* crow, u32 grid, u32 kb, u32 k, u32 cutmax,
                                        const u64* ids, unsigned char* smem, SelShared& S, unsigned char* out) {
     const u32 t = threadIdx.x;
-    u64* out_ids = (u64*)(out + 8);
-    float* out_scores = (float*)(out + 8 + 8 * (size_t)k);
-    u32* mkey = (u32*)smem;
-    u32* mrow = mkey + MCAP;
-    u32* skey = (u32*)(smem + MCAP * 8);
-    u32* srow = skey + KMAX;
-    u64* sid = (u64*)(srow + KMAX);
+    MergeOut M(smem, out, k, nullptr);
+    u32* mkey = M.mkey;
+    u32* mrow = M.mrow;
     const u32 total = grid * kb;
     u32 lo = 1u;
     if (grid <= MCAP) {
@@ -746,15 +770,31 @@ __device__ __noinline__ void merge_cut(const u32* ckey, const u32* crow, u32 gri
     }
     if (t == 0) { S.cnt = 0; S.over = 0; }
     __syncthreads();
+    // 16-byte loads, four in flight per thread (kb = KCUT is a multiple of 4); rows are read only
+    // for the entries kept.
     u32 over = 0;
-    for (u32 i = t; i < total; i += NT) {
-        const u32 kk = __ldcg(ckey + i);
-        over += kk > cutmax ? 1u : 0u;
-        if (kk >= lo) {
-            const u32 p = atomicAdd(&S.cnt, 1u);
-            if (p < MCAP) {
-                mkey[p] = kk;
-                mrow[p] = __ldcg(crow + i);
+    const u32 nv = total / 4;
+    for (u32 v0 = t; v0 < nv; v0 += 4 * NT) {
+        uint4 kv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const u32 v = v0 + u * NT;
+            kv[u] = v < nv ? __ldcg((const uint4*)ckey + v) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const u32 e[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const u32 kk = e[j];
+                over += kk > cutmax ? 1u : 0u;
+                if (kk >= lo) {
+                    const u32 p = atomicAdd(&S.cnt, 1u);
+                    if (p < MCAP) {
+                        mkey[p] = kk;
+                        mrow[p] = __ldcg(crow + 4 * (v0 + u * NT) + j);
+                    }
+                }
             }
         }
     }
@@ -769,17 +809,8 @@ __device__ __noinline__ void merge_cut(const u32* ckey, const u32* crow, u32 gri
         ((volatile u64*)(out + PROF_OFF))[8] = ((u64)total << 32) | c;  // candidates, survivors
     }
     __syncthreads();
-    if (c > MCAP) {  // heavy ties at the bound: select straight from global memory
-        FlatAcc a{ckey, crow, lo, ids};
-        const u32 got = select_to(a, total, k, S, skey, srow);
-        sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, nullptr);
-    } else if (c <= NT) {
-        rank_write(mkey, mrow, c, k, ids, sid, out_ids, out_scores, (u32*)out, nullptr);
-    } else {
-        SmemAcc a{mkey, mrow, ids};
-        const u32 got = select_to(a, c, k, S, skey, srow);
-        sort_and_write(skey, srow, sid, got, ids, out_ids, out_scores, (u32*)out, nullptr);
-    }
+    if (c > MCAP) M.select_global(ckey, crow, total, lo, k, ids, S);  // heavy ties at the bound
+    else M.rank(c, k, ids, S);
     if (t == 0 && incomplete) *(u32*)out |= CUT_FLAG;
 }
 

@@ -47,8 +47,9 @@ pub(crate) const PARAMS_BYTES: usize = 640;
 /// `Params`' fields before the namespace list: the head both by-value arguments start with.
 pub(crate) const PARAMS_HEAD: usize = 64;
 /// Dynamic shared memory of the search kernels before the query copy: the chunk keys share the
-/// first 32 KiB with the merge input, then 16 KiB of merge output.
-pub(crate) const SMEM_MAIN: usize = 4096 * 8 + 1024 * 16;
+/// first `MCAP * 8` bytes with the merge input (keys and rows), then `KMAX * 16` bytes of merge
+/// output (keys, rows and ids).
+pub(crate) const SMEM_MAIN: usize = MCAP * 8 + KMAX * 16;
 /// Offset of the kernel's phase timestamps in the single-query output buffer (`PROF=1`).
 pub(crate) const PROF_OFF: usize = 8 + KMAX * 12;
 pub(crate) const FLAG_EXPIRY: u32 = 1;
@@ -58,8 +59,9 @@ pub(crate) const FLAG_RECENCY: u32 = 2;
 pub(crate) const FLAG_CUT: u32 = 4;
 /// Candidates a block keeps under `FLAG_CUT`.
 pub(crate) const KCUT: usize = 16;
-/// Candidates the single-query merge takes into shared memory (`MCAP` in kernels/common.cuh).
+/// Candidates the single-query merge takes into shared memory.
 pub(crate) const MCAP: usize = 4096;
+const _: () = assert!(CHUNK * 4 <= MCAP * 8, "the chunk keys live in the merge input's shared memory");
 /// Set in the single-query count word when a `FLAG_CUT` answer may miss rows.
 pub(crate) const CUT_FLAG: u32 = 0x8000_0000;
 /// Namespaces the compact single-query argument carries.
@@ -170,7 +172,7 @@ impl KernelSpec {
         let g = if self.codes { Geometry::of_codes(self.dim) } else { Geometry::of(self.dim, self.dtype) };
         // The kernels tell only l2 apart: cosine rows are stored normalised and scored as ip.
         let metric = if self.metric == Metric::L2 { 2 } else { 0 };
-        let defines: [(&str, u64); 28] = [
+        let defines: [(&str, u64); 30] = [
             ("NT", NT as u64),
             ("CHUNK", CHUNK as u64),
             ("KMAX", KMAX as u64),
@@ -183,6 +185,8 @@ impl KernelSpec {
             ("FLAG_RECENCY", FLAG_RECENCY as u64),
             ("FLAG_CUT", FLAG_CUT as u64),
             ("KCUT", KCUT as u64),
+            ("MCAP", MCAP as u64),
+            ("CUT_FLAG", CUT_FLAG as u64),
             ("NS_INLINE", NS_INLINE as u64),
             ("FU", FILTER_FU as u64),
             ("MQ_CAP", MQ_CAP as u64),
