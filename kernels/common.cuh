@@ -32,7 +32,7 @@ typedef unsigned short u16;
 
 // Every constant shared with the host, and the dimension's geometry, come from the engine as
 // -D defines (src/engine/cuda/compile.rs, KernelSpec::options): one source of truth.
-#if !defined(NT) || !defined(CHUNK) || !defined(KMAX) || !defined(MAXNS) || !defined(PARAMS_BYTES) || !defined(PARAMS_HEAD) || !defined(SMEM_MAIN) || !defined(PROF_OFF) || !defined(FLAG_EXPIRY) || !defined(FLAG_RECENCY) || !defined(FLAG_CUT) || !defined(KCUT) || !defined(MCAP) || !defined(CUT_FLAG) || !defined(NS_INLINE) || !defined(FU) || !defined(DIM) || !defined(DTYPE) || !defined(METRIC) || !defined(VEC) || !defined(DP) || !defined(NV) || !defined(GS) || !defined(NCH) || !defined(QREG) || !defined(RU0) || !defined(BYVAL) || !defined(PROF)
+#if !defined(NT) || !defined(CHUNK) || !defined(KMAX) || !defined(MAXNS) || !defined(PARAMS_BYTES) || !defined(PARAMS_HEAD) || !defined(SMEM_MAIN) || !defined(PROF_OFF) || !defined(FLAG_EXPIRY) || !defined(FLAG_RECENCY) || !defined(FLAG_CUT) || !defined(KCUT) || !defined(MCAP) || !defined(CUT_FLAG) || !defined(NS_INLINE) || !defined(FU) || !defined(DIM) || !defined(DTYPE) || !defined(METRIC) || !defined(VEC) || !defined(DP) || !defined(NV) || !defined(GS) || !defined(NCH) || !defined(QREG) || !defined(RU0) || !defined(BYVAL) || !defined(PROF) || !defined(FPROG_MAX)
 #error "compile the kernels through KernelSpec::options (src/engine/cuda/compile.rs)"
 #endif
 // NT: threads per block. CHUNK: most rows one block scores. DP: padded row length (elements,

@@ -210,9 +210,16 @@ __device__ __forceinline__ bool code_in(const u64* __restrict__ c, u32 n, u64 v)
 
 // One bit per row; the count of matching rows is summed per block (one global atomic a block),
 // then a block whose rows start below `cap` in the list writes them there.
-extern "C" __global__ void filter_eval(const FIns* __restrict__ prog, u32 nins, const u64* __restrict__ consts,
-                                       const FCol* __restrict__ cols, u32 n, u32* __restrict__ mask,
-                                       u32* __restrict__ list, u32 cap, u32* count) {
+//
+// The count: `counts` holds two counts and two block tallies, and an evaluation of parity `par`
+// (the host alternates it) sums into counts[par], and block 0 zeroes counts[par ^ 1] and
+// tallies[par ^ 1] for the next evaluation (nothing reads them now: the evaluation before this
+// one and the gather behind it finished before this kernel started). The last block to finish
+// its sum writes the count into `host_count` (pinned host memory, mapped): the host needs no
+// reset or copy of its own.
+__device__ __forceinline__ void filter_eval_body(const FIns* prog, u32 nins, const u64* consts, const FCol* cols, u32 n,
+                                                 u32* __restrict__ mask, u32* __restrict__ list, u32 cap,
+                                                 u32* counts, u32 par, u32* host_count) {
     __shared__ u32 s_cnt, s_base, s_pos;
     if (threadIdx.x == 0) {
         s_cnt = 0;
@@ -269,7 +276,21 @@ extern "C" __global__ void filter_eval(const FIns* __restrict__ prog, u32 nins, 
     }
     if (lane == 0 && mine) atomicAdd(&s_cnt, mine);
     __syncthreads();
-    if (threadIdx.x == 0) s_base = s_cnt ? atomicAdd(count, s_cnt) : cap;
+    if (threadIdx.x == 0) {
+        s_base = s_cnt ? atomicAdd(&counts[par], s_cnt) : cap;
+        if (blockIdx.x == 0) {
+            counts[par ^ 1u] = 0;
+            counts[2 + (par ^ 1u)] = 0;
+        }
+        // This block's sum is in before its tally: the block that completes the tally reads
+        // every block's sum.
+        __threadfence();
+        if (atomicAdd(&counts[2 + par], 1u) == gridDim.x - 1) {
+            __threadfence();
+            *(volatile u32*)host_count = *(volatile u32*)&counts[par];
+            __threadfence_system();
+        }
+    }
     __syncthreads();
     if (s_base >= cap) return;
     __threadfence_block();
@@ -285,4 +306,24 @@ extern "C" __global__ void filter_eval(const FIns* __restrict__ prog, u32 nins, 
             if (p < cap) list[p] = w * 32 + lane;
         }
     }
+}
+
+// The program in device memory (programs of more than FPROG_MAX bytes).
+extern "C" __global__ void filter_eval(const FIns* __restrict__ prog, u32 nins, const u64* __restrict__ consts,
+                                       const FCol* __restrict__ cols, u32 n, u32* __restrict__ mask,
+                                       u32* __restrict__ list, u32 cap, u32* counts, u32 par, u32* host_count) {
+    filter_eval_body(prog, nins, consts, cols, n, mask, list, cap, counts, par, host_count);
+}
+
+// The program by value, in the launch's parameters (no upload before the launch): FPROG_MAX
+// bytes laid out as filter_eval's three arrays, `o_consts` and `o_cols` bytes in.
+struct FProgV {
+    u64 w[FPROG_MAX / 8];
+};
+extern "C" __global__ void filter_eval_v(const __grid_constant__ FProgV P, u32 nins, u32 o_consts, u32 o_cols, u32 n,
+                                         u32* __restrict__ mask, u32* __restrict__ list, u32 cap, u32* counts,
+                                         u32 par, u32* host_count) {
+    const unsigned char* b = (const unsigned char*)&P;
+    filter_eval_body((const FIns*)b, nins, (const u64*)(b + o_consts), (const FCol*)(b + o_cols), n, mask, list, cap,
+                     counts, par, host_count);
 }

@@ -866,6 +866,9 @@ def suite_filter(n=200_000, dim=64, nexpr=60):
             ("0.01%", F.lt("n", 1), num < 1),
             ("one", F.eq("doc", int(ids[n // 2])), ids == ids[n // 2]),
             ("or-not", F.in_("user", ["u1", "u2"]) | ~F.eq("flag", True), np.isin(u, [1, 2]) | ~flag),
+            # Programs past the by-value launch parameters (FPROG_MAX bytes): uploaded first.
+            ("in-60-users", F.in_("user", [str(x) for x in users[:60]]), u < 60),
+            ("in-40-docs", F.in_("doc", [int(x) for x in ids[:40]]), np.isin(ids, ids[:40])),
         ]
         for _ in range(nexpr):
             a, b = rng.integers(0, 10_000, 2)

@@ -64,6 +64,9 @@ pub(crate) const MCAP: usize = 4096;
 const _: () = assert!(CHUNK * 4 <= MCAP * 8, "the chunk keys live in the merge input's shared memory");
 /// Set in the single-query count word when a `FLAG_CUT` answer may miss rows.
 pub(crate) const CUT_FLAG: u32 = 0x8000_0000;
+/// Largest filter program (`src/engine/cuda/fields.rs`, `DevProg`) `filter_eval_v` takes by
+/// value in its launch parameters; larger ones are uploaded for `filter_eval`.
+pub(crate) const FPROG_MAX: usize = 256;
 /// Namespaces the compact single-query argument carries.
 pub(crate) const NS_INLINE: usize = 4;
 /// 16-byte score loads per thread per step of `batch_filter` (a step is NT * FU * 4 rows).
@@ -172,7 +175,7 @@ impl KernelSpec {
         let g = if self.codes { Geometry::of_codes(self.dim) } else { Geometry::of(self.dim, self.dtype) };
         // The kernels tell only l2 apart: cosine rows are stored normalised and scored as ip.
         let metric = if self.metric == Metric::L2 { 2 } else { 0 };
-        let defines: [(&str, u64); 30] = [
+        let defines: [(&str, u64); 31] = [
             ("NT", NT as u64),
             ("CHUNK", CHUNK as u64),
             ("KMAX", KMAX as u64),
@@ -187,6 +190,7 @@ impl KernelSpec {
             ("KCUT", KCUT as u64),
             ("MCAP", MCAP as u64),
             ("CUT_FLAG", CUT_FLAG as u64),
+            ("FPROG_MAX", FPROG_MAX as u64),
             ("NS_INLINE", NS_INLINE as u64),
             ("FU", FILTER_FU as u64),
             ("MQ_CAP", MQ_CAP as u64),

@@ -21,7 +21,7 @@ use std::hash::{Hash, Hasher};
 
 use cudarc::driver::sys;
 
-use super::compile::NT;
+use super::compile::{FPROG_MAX, NT};
 use super::table::TableArg;
 use super::{ck, ns_since, CudaEngine, DevBuf, HostBuf};
 use crate::error::{Error, Result, Status};
@@ -38,7 +38,7 @@ pub(super) const SPARSE_DIV: usize = 1000;
 const SPARSE_MIN_ROWS: usize = 256;
 /// Filter programs whose last count is remembered (the memory is cleared when it fills).
 const PLAN_MEMORY: usize = 4096;
-/// What `h_out`'s count word holds until the count's copy lands.
+/// What `h_out`'s count word holds until `filter_eval` writes the count there.
 const COUNT_PENDING: u32 = u32::MAX;
 
 /// Whether `m` matching rows of `n` make a sparse filter (its rows listed, not scanned for).
@@ -70,8 +70,9 @@ impl Guess {
     }
 }
 
-/// The key a filter program's last count is remembered by: its instructions and constants, the
-/// table's generation (bumped when the table moves) and its length's power-of-two bucket.
+/// The key a filter program's last count is remembered by: its instructions, constants and the
+/// columns it reads (`prog`), the table's generation (bumped when the table moves) and its
+/// length's power-of-two bucket.
 fn plan_key(prog: &[u8], gen: u64, n: usize) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     prog.hash(&mut h);
@@ -81,7 +82,7 @@ fn plan_key(prog: &[u8], gen: u64, n: usize) -> u64 {
 }
 
 /// A filter program as `filter_eval` reads it: instructions | constants (8-aligned) | column
-/// pointers (vals, has) per column.
+/// pointers (vals, has) of each column it reads ([`DevProg::lay_out`]).
 pub(super) struct DevProg {
     buf: Vec<u8>,
     o_consts: usize,
@@ -89,6 +90,51 @@ pub(super) struct DevProg {
     nins: usize,
     /// `plan_key` of the program.
     pub(super) key: u64,
+}
+
+impl DevProg {
+    /// `prog` laid out for `filter_eval`: its instructions, with each leaf's column renumbered
+    /// to its place among the columns the program reads (in order of first use), its constants,
+    /// and the (vals, has) device pointers of those columns alone (`col_ptrs` of a store
+    /// column), so that a program over a few fields of a store with many stays small enough for
+    /// `filter_eval_v`'s launch parameters. Keyed ([`plan_key`]) by the instructions and
+    /// constants and the store columns they read, `gen` and `n`.
+    fn lay_out(prog: &Program, col_ptrs: impl Fn(u32) -> (u64, u64), gen: u64, n: usize) -> DevProg {
+        let is_leaf = |op: u32| (crate::filter::program::P_EXISTS..=crate::filter::program::P_BOOL_SET).contains(&op);
+        let mut used: Vec<u32> = Vec::new();
+        let ni = prog.ins.len();
+        let o_consts = (ni * std::mem::size_of::<Ins>()).next_multiple_of(8);
+        let o_cols = o_consts + prog.consts.len() * 8;
+        let mut buf = vec![0u8; o_cols];
+        for (j, i) in prog.ins.iter().enumerate() {
+            let col = if is_leaf(i.op) {
+                match used.iter().position(|&c| c == i.col) {
+                    Some(at) => at as u32,
+                    None => {
+                        used.push(i.col);
+                        used.len() as u32 - 1
+                    }
+                }
+            } else {
+                i.col
+            };
+            for (w, x) in [i.op, col, i.a, i.b].iter().enumerate() {
+                buf[j * 16 + w * 4..j * 16 + w * 4 + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        for (j, c) in prog.consts.iter().enumerate() {
+            buf[o_consts + j * 8..o_consts + j * 8 + 8].copy_from_slice(&c.to_le_bytes());
+        }
+        let mut ident = buf.clone();
+        for &c in &used {
+            let (v, h) = col_ptrs(c);
+            buf.extend_from_slice(&v.to_le_bytes());
+            buf.extend_from_slice(&h.to_le_bytes());
+            ident.extend_from_slice(&c.to_le_bytes());
+        }
+        let key = plan_key(&ident, gen, n);
+        DevProg { buf, o_consts, o_cols, nins: ni, key }
+    }
 }
 
 struct DevCol {
@@ -106,12 +152,18 @@ pub(super) struct DevFields {
     cap: usize,
     d_mask: DevBuf,
     d_list: DevBuf,
+    /// `filter_eval`'s two counts and two block tallies (u32 each): an evaluation of parity p
+    /// sums into count p and zeroes count and tally 1 - p for the next one.
     d_count: DevBuf,
+    /// Evaluations launched: the next one's parity is `evals & 1`.
+    evals: u64,
     d_prog: DevBuf,
     d_stage: DevBuf,
-    /// Pinned: the program on its way to the device, and the count and rows on their way back.
+    /// Pinned: a program of more than `FPROG_MAX` bytes on its way to the device, and the count
+    /// (written by `filter_eval` through `h_out_dev`) and rows on their way back.
     h_prog: Option<HostBuf>,
     h_out: Option<HostBuf>,
+    h_out_dev: u64,
     /// `Table::mask` of the kernels launched now: `d_mask` while a filtered search runs, else 0.
     pub(super) active_mask: u64,
     /// The last evaluation's phases (ns): the kernel with its count read back, the row list
@@ -141,10 +193,12 @@ impl DevFields {
             d_mask: DevBuf::empty(),
             d_list: DevBuf::empty(),
             d_count: DevBuf::empty(),
+            evals: 0,
             d_prog: DevBuf::empty(),
             d_stage: DevBuf::empty(),
             h_prog: None,
             h_out: None,
+            h_out_dev: 0,
             active_mask: 0,
             last_ns: [0; 2],
             sc: std::array::from_fn(|_| DevBuf::empty()),
@@ -292,82 +346,71 @@ impl CudaEngine {
         }) {
             return None;
         }
-        // prog ins | consts (8-aligned) | column pointers (vals, has) per column
-        let ni = prog.ins.len();
-        let o_consts = (ni * std::mem::size_of::<Ins>()).next_multiple_of(8);
-        let o_cols = o_consts + prog.consts.len() * 8;
-        let mut buf = vec![0u8; o_cols + self.fcols.cols.len() * 16];
-        for (j, i) in prog.ins.iter().enumerate() {
-            for (w, x) in [i.op, i.col, i.a, i.b].iter().enumerate() {
-                buf[j * 16 + w * 4..j * 16 + w * 4 + 4].copy_from_slice(&x.to_le_bytes());
-            }
-        }
-        for (j, c) in prog.consts.iter().enumerate() {
-            buf[o_consts + j * 8..o_consts + j * 8 + 8].copy_from_slice(&c.to_le_bytes());
-        }
-        for (j, c) in self.fcols.cols.iter().enumerate() {
-            let (v, h) = c.as_ref().map_or((0, 0), |c| (c.vals.ptr, c.has.ptr));
-            buf[o_cols + j * 16..o_cols + j * 16 + 8].copy_from_slice(&v.to_le_bytes());
-            buf[o_cols + j * 16 + 8..o_cols + j * 16 + 16].copy_from_slice(&h.to_le_bytes());
-        }
-        let key = plan_key(&buf[..o_cols], self.table.gen, n);
-        Some(DevProg { buf, o_consts, o_cols, nins: ni, key })
+        let cols = &self.fcols.cols;
+        let dp = DevProg::lay_out(prog, |c| cols[c as usize].as_ref().map_or((0, 0), |c| (c.vals.ptr, c.has.ptr)), self.table.gen, n);
+        Some(dp)
     }
 
-    /// Enqueues the evaluation of `dp` on the engine's stream: the program's upload, the count's
-    /// reset, `filter_eval` (the mask, the count and the row list on the device) and the count's
-    /// copy into `h_out` (where a sentinel waits until it lands). Nothing waits for it here.
+    /// Enqueues the evaluation of `dp` on the engine's stream: `filter_eval_v` with the program
+    /// in its launch parameters, or, for a program of more than `FPROG_MAX` bytes, its upload
+    /// and `filter_eval`. The kernel leaves the mask, the count and the row list on the device
+    /// and writes the count into `h_out` (where a sentinel waits until it lands). Nothing waits
+    /// for it here.
     pub(super) fn enqueue_eval(&mut self, dp: &DevProg) -> Result<()> {
         self.fcols.last_ns = [0; 2];
         if self.fcols.in_flight {
-            // An earlier evaluation's upload may still read h_prog (its search failed before
-            // its count was read).
+            // An earlier evaluation may still read h_prog or write h_out's count (its search
+            // failed before its count was read).
             self.sync_stream()?;
             self.fcols.in_flight = false;
         }
         let n = self.table.len;
         let len = dp.buf.len();
-        grow(&mut self.fcols.d_prog, len, "filter program")?;
         grow(&mut self.fcols.d_list, LIST_CAP * 4, "filter row list")?;
-        grow(&mut self.fcols.d_count, 4, "filter count")?;
-        if self.fcols.h_prog.as_ref().is_none_or(|h| h.bytes < len) {
-            self.fcols.h_prog = Some(HostBuf::new(len.next_power_of_two())?);
+        if self.fcols.d_count.bytes < 16 {
+            grow(&mut self.fcols.d_count, 16, "filter count")?;
+            // SAFETY: the 4 words of the new d_count, on the engine's stream (before any
+            // evaluation that reads them). The first evaluation is of parity 0.
+            ck("filter count reset", unsafe { sys::cuMemsetD32Async(self.fcols.d_count.ptr, 0, 4, self.stream) })?;
+            self.fcols.evals = 0;
         }
         if self.fcols.h_out.is_none() {
-            self.fcols.h_out = Some(HostBuf::new(4 + LIST_CAP * 4)?);
+            let h = HostBuf::with_flags(4 + LIST_CAP * 4, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)?;
+            self.fcols.h_out_dev = h.device_ptr()?;
+            self.fcols.h_out = Some(h);
         }
         // Nothing on the stream reads h_prog or writes h_out now: every evaluation's count is
-        // read back (the copies before it done) or the stream synchronised above.
-        self.fcols.h_prog.as_mut().expect("allocated above").slice()[..len].copy_from_slice(&dp.buf);
+        // read back (its kernel done) or the stream synchronised above.
         let out = self.fcols.h_out.as_mut().expect("allocated above").slice();
         out[..4].copy_from_slice(&COUNT_PENDING.to_le_bytes());
-        let (hp, hout) = (self.fcols.h_prog.as_ref().expect("allocated above").ptr as *const c_void, out.as_mut_ptr() as *mut c_void);
         self.fcols.in_flight = true;
         self.fcols.last_key = dp.key;
-        // SAFETY: pinned source of `len` bytes into d_prog (at least as large), on the engine's
-        // stream; the 4-byte count reset is within d_count.
-        unsafe {
-            ck("filter program upload", sys::cuMemcpyHtoDAsync_v2(self.fcols.d_prog.ptr, hp, len, self.stream))?;
-            ck("filter count reset", sys::cuMemsetD32Async(self.fcols.d_count.ptr, 0, 1, self.stream))?;
-        }
-        let base = self.fcols.d_prog.ptr;
-        let (mut a_prog, mut a_consts, mut a_cols) = (base, base + dp.o_consts as u64, base + dp.o_cols as u64);
         let mut nins = dp.nins as u32;
         let mut nn = n as u32;
         let mut mask = self.fcols.d_mask.ptr;
         let mut list = self.fcols.d_list.ptr;
         let mut cap = LIST_CAP as u32;
-        let mut count = self.fcols.d_count.ptr;
-        let mut args = kargs![a_prog, nins, a_consts, a_cols, nn, mask, list, cap, count];
+        let mut counts = self.fcols.d_count.ptr;
+        let mut par = (self.fcols.evals & 1) as u32;
+        let mut host_count = self.fcols.h_out_dev;
         let blocks = n.div_ceil(256).clamp(1, 1024) as u32;
-        // SAFETY: `args` points at the nine locals above, filter_eval's parameters in order; the
-        // program reads columns that hold the table's n rows, the mask holds cap_rows >= n bits
-        // (filter_prog checked). Then the count into the pinned h_out's first 4 bytes.
-        unsafe {
-            ck(
-                "launch filter_eval",
+        let r = if len <= FPROG_MAX {
+            let mut prog = [0u64; FPROG_MAX / 8];
+            for (w, c) in prog.iter_mut().zip(dp.buf.chunks(8)) {
+                let mut b = [0u8; 8];
+                b[..c.len()].copy_from_slice(c);
+                *w = u64::from_le_bytes(b);
+            }
+            let (mut o_consts, mut o_cols) = (dp.o_consts as u32, dp.o_cols as u32);
+            let mut args = kargs![prog, nins, o_consts, o_cols, nn, mask, list, cap, counts, par, host_count];
+            // SAFETY: `args` points at the eleven locals above, filter_eval_v's parameters in
+            // order (the program as FPROG_MAX bytes, copied by the launch); the program reads
+            // columns that hold the table's n rows, the mask holds cap_rows >= n bits
+            // (filter_prog checked), d_count holds the 4 words, and h_out_dev is the device
+            // address of h_out's first 4 bytes.
+            unsafe {
                 sys::cuLaunchKernel(
-                    self.kern.filter_eval,
+                    self.kern.filter_eval_v,
                     blocks,
                     1,
                     1,
@@ -378,20 +421,44 @@ impl CudaEngine {
                     self.stream,
                     args.as_mut_ptr(),
                     std::ptr::null_mut(),
-                ),
-            )?;
-            ck("filter count", sys::cuMemcpyDtoHAsync_v2(hout, self.fcols.d_count.ptr, 4, self.stream))?;
-        }
+                )
+            }
+        } else {
+            grow(&mut self.fcols.d_prog, len, "filter program")?;
+            if self.fcols.h_prog.as_ref().is_none_or(|h| h.bytes < len) {
+                self.fcols.h_prog = Some(HostBuf::new(len.next_power_of_two())?);
+            }
+            self.fcols.h_prog.as_mut().expect("allocated above").slice()[..len].copy_from_slice(&dp.buf);
+            let hp = self.fcols.h_prog.as_ref().expect("allocated above").ptr as *const c_void;
+            // SAFETY: pinned source of `len` bytes into d_prog (at least as large), on the
+            // engine's stream.
+            ck("filter program upload", unsafe { sys::cuMemcpyHtoDAsync_v2(self.fcols.d_prog.ptr, hp, len, self.stream) })?;
+            let base = self.fcols.d_prog.ptr;
+            let (mut a_prog, mut a_consts, mut a_cols) = (base, base + dp.o_consts as u64, base + dp.o_cols as u64);
+            let mut args = kargs![a_prog, nins, a_consts, a_cols, nn, mask, list, cap, counts, par, host_count];
+            // SAFETY: `args` points at the eleven locals above, filter_eval's parameters in
+            // order; as for filter_eval_v, with the program uploaded into d_prog above.
+            unsafe {
+                sys::cuLaunchKernel(self.kern.filter_eval, blocks, 1, 1, 256, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+            }
+        };
+        ck("launch filter_eval", r)?;
+        self.fcols.evals += 1;
         Ok(())
     }
 
+    /// d_count's count word of the evaluation launched last (gather_rows reads it).
+    fn last_count_ptr(&self) -> u64 {
+        self.fcols.d_count.ptr + 4 * ((self.fcols.evals.wrapping_sub(1)) & 1)
+    }
+
     /// The count of the evaluation enqueued last. Callers read it after something enqueued
-    /// later on the stream has been seen to finish (a scan's published results), so the copy
-    /// has landed; if the sentinel is still there, the stream is synchronised first.
+    /// later on the stream has been seen to finish (a scan's published results), so the kernel
+    /// has written it; if the sentinel is still there, the stream is synchronised first.
     pub(super) fn read_count(&mut self) -> Result<usize> {
         let p = self.fcols.h_out.as_ref().expect("enqueue_eval allocated it").ptr as *const u32;
-        // SAFETY: h_out is live pinned memory of at least 4 bytes, 4-aligned; the DMA engine
-        // writes the word whole (volatile read).
+        // SAFETY: h_out is live pinned memory of at least 4 bytes, 4-aligned; filter_eval's
+        // last block writes the word whole (volatile read).
         let mut m = unsafe { std::ptr::read_volatile(p) };
         if m == COUNT_PENDING {
             self.sync_stream()?;
@@ -460,7 +527,7 @@ impl CudaEngine {
         }
         let t = self.table_arg();
         let [v, nr, id, ns, cr, ex, cm] = self.fcols.sc.each_ref().map(|b| b.ptr);
-        let (mut list, mut count, mut cap, mut nv16) = (self.fcols.d_list.ptr, self.fcols.d_count.ptr, rows as u32, row16 as u32);
+        let (mut list, mut count, mut cap, mut nv16) = (self.fcols.d_list.ptr, self.last_count_ptr(), rows as u32, row16 as u32);
         let (mut s_v, mut s_n, mut s_i, mut s_ns, mut s_c, mut s_e) = (t.vecs, t.norms, t.ids, t.ns, t.created, t.expires);
         let (mut d_v, mut d_n, mut d_i, mut d_ns, mut d_c, mut d_e, mut d_m) = (v, nr, id, ns, cr, ex, cm);
         let mut args = kargs![list, count, cap, nv16, s_v, s_n, s_i, s_ns, s_c, s_e, d_v, d_n, d_i, d_ns, d_c, d_e, d_m];
@@ -540,6 +607,58 @@ mod tests {
         assert_ne!(k, plan_key(&p, 7, 1025));
         assert_ne!(k, plan_key(&p, 8, 1000));
         assert_ne!(k, plan_key(&[1, 2, 3, 5], 7, 1000));
+    }
+
+    /// The laid-out program reads the same cells as the program: each leaf's renumbered column
+    /// leads to the pointers of the store column it named, other instructions and the constants
+    /// are unchanged, and only the columns read are listed. Programs that differ only in the
+    /// columns they read are keyed apart.
+    #[test]
+    fn laid_out_programs_list_only_the_columns_they_read() {
+        use crate::filter::program::{P_AND, P_CODE_IN, P_EXISTS, P_I64_RANGE, P_NOT, P_OR};
+        let ins = |op, col, a, b| Ins { op, col, a, b };
+        let prog = Program {
+            ins: vec![
+                ins(P_I64_RANGE, 7, 0, 0),
+                ins(P_CODE_IN, 2, 2, 3),
+                ins(P_OR, 0, 0, 0),
+                ins(P_EXISTS, 7, 0, 0),
+                ins(P_NOT, 0, 0, 0),
+                ins(P_AND, 0, 0, 0),
+            ],
+            consts: vec![5, 9, 1, 4, 8],
+        };
+        let ptrs = |c: u32| (0x1000 + c as u64 * 0x10, 0x9000 + c as u64);
+        let dp = DevProg::lay_out(&prog, ptrs, 3, 1000);
+        let word = |o: usize| u32::from_le_bytes(dp.buf[o..o + 4].try_into().unwrap());
+        let dword = |o: usize| u64::from_le_bytes(dp.buf[o..o + 8].try_into().unwrap());
+        assert_eq!(dp.nins, 6);
+        assert_eq!(dp.o_consts, 6 * 16);
+        assert_eq!(dp.o_cols, dp.o_consts + 5 * 8);
+        assert_eq!(dp.buf.len(), dp.o_cols + 2 * 16, "two columns read: 7, then 2");
+        let used = [7u32, 2];
+        for (j, i) in prog.ins.iter().enumerate() {
+            assert_eq!([word(j * 16), word(j * 16 + 8), word(j * 16 + 12)], [i.op, i.a, i.b]);
+            let col = word(j * 16 + 4);
+            if (P_EXISTS..=crate::filter::program::P_BOOL_SET).contains(&i.op) {
+                assert_eq!(used[col as usize], i.col, "instruction {j}");
+                let at = dp.o_cols + col as usize * 16;
+                assert_eq!((dword(at), dword(at + 8)), ptrs(i.col));
+            } else {
+                assert_eq!(col, i.col);
+            }
+        }
+        for (j, &c) in prog.consts.iter().enumerate() {
+            assert_eq!(dword(dp.o_consts + j * 8), c);
+        }
+        assert!(dp.buf.len() <= FPROG_MAX, "a typical program goes by value");
+        assert_eq!(DevProg::lay_out(&prog, ptrs, 3, 1000).key, dp.key);
+        let mut other = Program { ins: prog.ins.clone(), consts: prog.consts.clone() };
+        other.ins[0].col = 6;
+        other.ins[3].col = 6;
+        let od = DevProg::lay_out(&other, ptrs, 3, 1000);
+        assert_eq!(od.buf[..od.o_cols], dp.buf[..dp.o_cols], "same instructions once renumbered");
+        assert_ne!(od.key, dp.key, "a program over other columns is another program");
     }
 
     /// The count read back is what the next guess for the same key follows; a full memory is

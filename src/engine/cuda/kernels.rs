@@ -36,6 +36,8 @@ pub(super) struct Kernels {
     pub(super) scatter_rows: sys::CUfunction,
     pub(super) col_scatter: sys::CUfunction,
     pub(super) filter_eval: sys::CUfunction,
+    /// filter_eval with the program in its launch parameters (at most `FPROG_MAX` bytes).
+    pub(super) filter_eval_v: sys::CUfunction,
     pub(super) quantize_rows: sys::CUfunction,
     pub(super) gather_rows: sys::CUfunction,
     pub(super) convert_queries: sys::CUfunction,
@@ -87,6 +89,7 @@ impl Kernels {
             scatter_rows: getf(TABLE, "scatter_rows")?,
             col_scatter: getf(TABLE, "col_scatter")?,
             filter_eval: getf(TABLE, "filter_eval")?,
+            filter_eval_v: getf(TABLE, "filter_eval_v")?,
             quantize_rows: getf(TABLE, "quantize_rows")?,
             gather_rows: getf(TABLE, "gather_rows")?,
             convert_queries: getf(TABLE, "convert_queries")?,
