@@ -43,8 +43,20 @@ def timed(fn, qs, reps):
 
 
 def fill(st, X, chunk):
+    """Loads X by chunks; returns the load's seconds and its slowest chunks [(seconds, first
+    row)] (a chunk that stalls the server thread, e.g. while a table grows, shows here). A
+    failed chunk is reported with the row it started at."""
+    t_all, worst = time.perf_counter(), []
     for s in range(0, len(X), chunk):
-        st.upsert(np.arange(s, min(s + chunk, len(X)), dtype=np.uint64), X[s:s + chunk])
+        t0 = time.perf_counter()
+        try:
+            st.upsert(np.arange(s, min(s + chunk, len(X)), dtype=np.uint64), X[s:s + chunk])
+        except Exception as e:
+            raise RuntimeError("upsert of rows %d.. failed after %.1f s (slowest chunks so far: %s)" % (
+                s, time.perf_counter() - t0, sorted(worst, reverse=True)[:5])) from e
+        worst.append((round(time.perf_counter() - t0, 4), s))
+        worst = sorted(worst, reverse=True)[:5]
+    return time.perf_counter() - t_all, worst
 
 
 def gpu_used():
@@ -67,21 +79,25 @@ def main():
     ap.add_argument("--no-batch", action="store_true")
     ap.add_argument("--seed", type=int, default=int(time.time()) & 0xFFFF)
     a = ap.parse_args()
-    rng = np.random.default_rng(a.seed)
     n, dim = a.n, a.dim
+    # Drawn on the GPU (numpy's generator takes minutes for 10M x 768), copied to the host.
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(a.seed)
     X = np.empty((n, dim), np.float32)
-    C = rng.standard_normal((max(1, n // 100), dim)).astype(np.float32)
+    C = torch.randn((max(1, n // 100), dim), generator=g, device="cuda")
     for s in range(0, n, 1 << 18):
         e = min(n, s + (1 << 18))
-        X[s:e] = C[rng.integers(0, len(C), e - s)] + 0.5 * rng.standard_normal((e - s, dim)).astype(np.float32)
-    Q = (X[rng.integers(0, n, 2000)] + 0.7 * rng.standard_normal((2000, dim)).astype(np.float32)).astype(np.float32)
+        pick = torch.randint(0, len(C), (e - s,), generator=g, device="cuda")
+        X[s:e] = (C[pick] + 0.5 * torch.randn((e - s, dim), generator=g, device="cuda")).cpu().numpy()
+    del C
+    pick = torch.randint(0, n, (2000,), generator=g, device="cuda").cpu().numpy()
+    Q = (torch.from_numpy(X[pick]).cuda() + 0.7 * torch.randn((2000, dim), generator=g, device="cuda")).cpu().numpy()
     lib = load(os.environ.get("KALOS_LIB"))
     chunk = max(1, (3 << 20) // (dim * 4 + 16))
     out = dict(n=n, dim=dim, dtype="f16", k=K, seed=a.seed, rows={})
 
     # The reference: exact float32 top-10 of the rows as written (TF32 off), on the GPU by
     # chunks of rows; the int8 scan re-ranks with these f32 rows, the exact scan with f16 ones.
-    import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     tQr = torch.from_numpy(Q[:a.recall_queries]).to("cuda")
     best_s, best_i = None, None
@@ -120,7 +136,7 @@ def main():
         base = gpu_used()
         st = Store(lib, "i8b-%s-%d" % (label, os.getpid()), dim=dim, metric=IP, dtype=F16, backend=CUDA, capacity=n + 16,
                    scan=scan, rerank=rerank, slot_bytes=1 << 23)
-        fill(st, X, chunk)
+        load_s, slow = fill(st, X, chunk)
         dev = gpu_used() - base
         p50, p99 = timed(lambda q: st.recall(q, K), Q, a.queries)
         s0 = st.stats()
@@ -132,6 +148,7 @@ def main():
         row = dict(p50_us=p50, p99_us=p99, recall10=float(np.mean(rec)), recall10_min=float(np.min(rec)),
                    queries_at_1=float(np.mean(np.array(rec) == 1.0)), engine=s1.engine_name.decode(),
                    uncertain=int(s1.rerank_uncertain - s0.rerank_uncertain), reranked=int(s1.rerank_queries - s0.rerank_queries),
+                   load_s=round(load_s, 1), slowest_chunks=slow,
                    device_bytes_per_row=dev / n if dev > 0 else None,
                    device_bytes_per_row_table=2 * dim + 36 + ((dim + 15) // 16 * 16 + 4 if scan else 0))
         if batch:
