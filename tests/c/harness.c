@@ -108,6 +108,18 @@ static int agree(const uint64_t *ids, const float *scores, size_t count, const r
     return 1;
 }
 
+/* Checks one answer of at most k hits against the reference's top k + 1 for query q; prints what
+ * differs, labelled `what` and `j`. Returns 1 when the answer agrees. */
+static int check_answer(const char *what, int j, const float *table, const uint64_t *ids, size_t n, size_t dim,
+                        const float *q, size_t k, const uint64_t *got_ids, const float *got_scores, size_t count,
+                        ref_hit *ref, ref_hit *scratch) {
+    size_t m = reference(table, ids, n, dim, q, k + 1, ref, scratch);
+    if (agree(got_ids, got_scores, count, ref, m, k)) return 1;
+    fprintf(stderr, "%s %d: %zu hits (want %zu), first id %llu (want %llu)\n", what, j, count, m < k ? m : k,
+            (unsigned long long)(count ? got_ids[0] : 0), (unsigned long long)(m ? ref[0].id : 0));
+    return 0;
+}
+
 static void opts_default(kalos_options *o, uint32_t role, uint32_t dim) {
     kalos_options_init(o, sizeof *o);
     o->role = role;
@@ -149,12 +161,7 @@ static int child_client(const char *name, const float *table, const uint64_t *id
             bad++;
             continue;
         }
-        size_t m = reference(table, ids, NROWS, DIM, q, K + 1, ref, scratch);
-        if (!agree(rid, rsc, cnt, ref, m, K)) {
-            fprintf(stderr, "child query %d: %zu hits (want %zu), first id %llu (want %llu)\n", i, cnt, m < K ? m : K,
-                    (unsigned long long)(cnt ? rid[0] : 0), (unsigned long long)(m ? ref[0].id : 0));
-            bad++;
-        }
+        if (!check_answer("child query", i, table, ids, NROWS, DIM, q, K, rid, rsc, cnt, ref, scratch)) bad++;
     }
     /* A batch too. */
     float qs[4 * DIM];
@@ -168,12 +175,9 @@ static int child_client(const char *name, const float *table, const uint64_t *id
         bad++;
     }
     for (int j = 0; st == KALOS_OK && j < 4; j++) {
-        size_t m = reference(table, ids, NROWS, DIM, qs + j * DIM, K + 1, ref, scratch);
-        if (!agree(bid + j * K, bsc + j * K, bcnt[j], ref, m, K)) {
-            fprintf(stderr, "child batch query %d: %zu hits (want %zu), first id %llu (want %llu)\n", j, bcnt[j], m < K ? m : K,
-                    (unsigned long long)(bcnt[j] ? bid[j * K] : 0), (unsigned long long)(m ? ref[0].id : 0));
+        if (!check_answer("child batch query", j, table, ids, NROWS, DIM, qs + j * DIM, K, bid + j * K, bsc + j * K,
+                          bcnt[j], ref, scratch))
             bad++;
-        }
     }
     free(scratch);
     kalos_close(h);
