@@ -3,13 +3,21 @@
 # serving N x DIM f32 on the CPU engine (one engine of 1 thread, of the default count (all cores but
 # one on hosts of 8 or more), of every core, or S device shards), the C client
 # (bench_recall) recalling k = 10 from another process, and in the same run numpy's matmul +
-# argpartition in-process on the same size at 1, 4 and all threads (cpu_peer.py).
+# argpartition in-process on the same size at 1, 4 and all threads (cpu_peer.py), and faiss-cpu's
+# IndexFlatIP.search where faiss imports (installed, or a wheel staged in wheels/).
 # Usage (in .gpu/): bash cpu_host.sh [N:DIM:ITERS ...]; results in $OUT/cpu_host.log.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"; cd "$HERE"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"
 LOG="$OUT/cpu_host.log"
 C=$(nproc)
+# Where faiss is not installed: the wheels staged in wheels/ (stage.sh, KALOS_PEER_WHEELS),
+# unpacked into one folder on PYTHONPATH.
+if ! python3 -c 'import faiss' 2>/dev/null && ls wheels/*.whl > /dev/null 2>&1; then
+  dir="${TMPDIR:-/tmp}/kalos-peers"; rm -rf "$dir"
+  for w in wheels/*.whl; do python3 -m zipfile -e "$w" "$dir"; done
+  export PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}"
+fi
 echo "cpu_host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), commit $(cat COMMIT 2>/dev/null | tr '\n' ' ')" | tee -a "$LOG"
 # Sockets, NUMA nodes and caches: a table first touched by one thread lives on one node.
 lscpu 2>/dev/null | grep -Ei '^(socket|numa|l2|l3|thread)' | tr -s ' ' | sed 's/^/  /' | tee -a "$LOG"

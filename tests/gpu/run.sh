@@ -24,7 +24,11 @@ set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"; mkdir -p "$OUT"; export OUT
 export PYTHONUNBUFFERED=1
-export KALOS_LIB="$HERE/libkalos.so" KALOS_LIBRARY="$HERE/libkalos.so"
+# KALOS_RUN_LIB: the library the Python scripts load (default: the staged build); a "before"
+# build staged by stage.sh's KALOS_BASE_REV is base/libkalos.so, for before/after runs of a bench:
+#   KALOS_RUN_LIB=$PWD/base/libkalos.so OUT=$OUT/before bash run.sh filter; OUT=$OUT/after bash run.sh filter
+RUN_LIB="${KALOS_RUN_LIB:-$HERE/libkalos.so}"
+export KALOS_LIB="$RUN_LIB" KALOS_LIBRARY="$RUN_LIB"
 export PYTHONPATH="$HERE/python${PYTHONPATH:+:$PYTHONPATH}"   # the kalos package (stage.sh)
 export KALOS_COMMIT="$(cat "$HERE/COMMIT" 2>/dev/null | tr '\n' ' ')"
 export KALOS_CUDA_REPORT=1

@@ -2,6 +2,8 @@
 # Builds what the H200 machine needs and stages it in .gpu/ (git-ignored), which the device
 # tool carries over: libkalos.so, the C harness, the GPU scripts and the Python package.
 # Then, on the device:  bash .gpu/run.sh [correctness|bench|harness|concurrency]...
+# Options (environment): KALOS_BASE_REV, a revision whose library is staged as .gpu/base/ for
+# before/after runs; KALOS_PEER_WHEELS, a folder of wheels for cpu_host.sh's faiss peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T="${CARGO_TARGET_DIR:-target}"
@@ -28,6 +30,23 @@ rm -f .gpu/python/kalos/*.so .gpu/python/kalos/*.c
 gcc -O2 -Wall -Wextra -Werror -shared -fPIC \
   -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
   bindings/python/kalos/_fastcall.c -o .gpu/python/kalos/_fastcall.abi3.so
+# faiss-cpu for cpu_host.sh's peer (the GPU machine has no network and no faiss): the wheels in
+# the folder KALOS_PEER_WHEELS (`pip download faiss-cpu packaging --no-deps --only-binary=:all:
+# --python-version 3.12 -d DIR`; numpy is the machine's), unpacked there by cpu_host.sh.
+if [ -n "${KALOS_PEER_WHEELS:-}" ]; then
+  mkdir -p .gpu/wheels && cp "$KALOS_PEER_WHEELS"/*.whl .gpu/wheels/
+fi
+# A "before" library for before/after runs (run.sh's KALOS_RUN_LIB): KALOS_BASE_REV=<git rev>
+# builds that revision's libkalos.so in a scratch worktree into .gpu/base/.
+if [ -n "${KALOS_BASE_REV:-}" ]; then
+  # The same target directory: only the kalos crate is compiled again.
+  td="$(realpath "$T")"; tmp="$(mktemp -d)"
+  git worktree add --detach -q "$tmp/base" "$KALOS_BASE_REV"
+  (cd "$tmp/base" && CARGO_TARGET_DIR="$td" cargo build --release --lib)
+  mkdir -p .gpu/base && cp "$td/release/libkalos.so" .gpu/base/ && strip .gpu/base/libkalos.so
+  git rev-parse --short "$KALOS_BASE_REV" > .gpu/base/COMMIT
+  git worktree remove --force "$tmp/base" && rm -rf "$tmp"
+fi
 # Debug info is most of the size: stripped, two staged builds fit in one device call's carry.
 strip .gpu/libkalos.so .gpu/kalosd .gpu/gpu_probe .gpu/c_harness .gpu/bench_recall .gpu/conc_client
 git rev-parse --short HEAD > .gpu/COMMIT
