@@ -22,6 +22,10 @@ an overhead is the median over blocks of (variant block p50 − C block p50). Va
 * Python latencies include one ``time.perf_counter_ns()`` pair (~50 ns), C ones one
   ``clock_gettime`` pair.
 
+With ``--namespace NS`` every variant recalls scoped to namespace NS (the server's rows are all
+in namespace 0, so NS = 0 scopes without changing the answer): ``kv.recall(q, k, namespace=NS)``,
+and the C and bare ctypes calls pass a ``kalos_recall_params`` holding NS.
+
 ``wrapper − raw`` (median over blocks of the difference of block p50s) is the binding's own
 cost above a bare ctypes call, the figure least moved by the round trip's mode. p99s are over
 all the calls of a variant.
@@ -36,7 +40,7 @@ there first, else ``py`` is the ctypes fast path (the script says so):
 Usage (from the repository root, after ``cargo build --release``; needs gcc):
 
     python examples/python/bench_overhead.py [--n 100] [--dim 64] [--k 10] [--blocks 200] [--block 500]
-                                             [--baseline DIR]
+                                             [--baseline DIR] [--namespace NS]
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ def load_baseline(pkg_dir: Path):
     return mod
 
 
-def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: int, cbench, kv_base=None) -> dict:
+def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: int, cbench, kv_base=None,
+                  namespace=None) -> dict:
     clock = time.perf_counter_ns
     fn = _ffi.lib.kalos_recall
     ids = np.empty(k, np.uint64)
@@ -94,13 +99,24 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
     cnt = np.empty(1, np.uintp)
     h, qa, ia, sa, ca, d = kv._h, q.ctypes.data, ids.ctypes.data, sc.ctypes.data, cnt.ctypes.data, q.shape[0]
     fast = kalos._FASTCALL
+    params = None
+    if namespace is not None:
+        nsa = np.array([namespace], np.uint64)
+        p = _ffi.kalos_recall_params()
+        _ffi.lib.kalos_recall_params_init(ctypes.byref(p), ctypes.sizeof(p))
+        p.namespaces = nsa.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))
+        p.namespaces_len = 1
+        params = ctypes.byref(p)
+
+    def scoped(recall):
+        return recall if namespace is None else (lambda q_, k_: recall(q_, k_, namespace=namespace))
 
     # (name, callable, value of kalos._FASTCALL while it runs)
-    timed = [("py", kv.recall, fast)]
+    timed = [("py", scoped(kv.recall), fast)]
     if fast is not None:
-        timed.append(("ctypes", kv.recall, None))
+        timed.append(("ctypes", scoped(kv.recall), None))
     if kv_base is not None:
-        timed.append(("baseline", kv_base.recall, None))
+        timed.append(("baseline", scoped(kv_base.recall), None))
     lat = {name: np.empty((blocks, block), np.int64) for name in ["c", "raw"] + [t[0] for t in timed]}
     c_lat = np.empty(block, np.uint64)
     for name, f, mode in timed:  # warm-up
@@ -109,7 +125,7 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
             f(q, k)
     try:
         for b in range(blocks):
-            rc = cbench(h, qa, d, k, block, ia, sa, c_lat.ctypes.data)
+            rc = cbench(h, qa, d, k, block, params, ia, sa, c_lat.ctypes.data)
             assert rc == 0, rc
             lat["c"][b] = c_lat
             r = b % len(timed)
@@ -123,7 +139,7 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
             out = lat["raw"][b]
             for i in range(block):
                 t0 = clock()
-                fn(h, qa, d, k, None, ia, k, sa, k, ca)
+                fn(h, qa, d, k, params, ia, k, sa, k, ca)
                 out[i] = clock() - t0
     finally:
         kalos._FASTCALL = fast
@@ -167,6 +183,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--json", help="write the results here as JSON")
     ap.add_argument("--baseline", type=Path, help="directory holding another kalos package (DIR/kalos) to time alongside")
+    ap.add_argument("--namespace", type=int, help="scope every recall to this namespace (the rows are in 0)")
     a = ap.parse_args()
     base_mod = load_baseline(a.baseline) if a.baseline else None
 
@@ -176,7 +193,7 @@ def main() -> None:
     cbench = clib.kalos_bench_recall
     cbench.restype = ctypes.c_int32
     cbench.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     rng = np.random.default_rng(0)
     np.save(tmp / "v.npy", rng.standard_normal((a.n, a.dim)).astype(np.float32))
     name = f"bench-overhead-{os.getpid()}"
@@ -198,7 +215,7 @@ def main() -> None:
             engine = kv.stats()["engine_name"]
             kv_base = base_mod.open(name, role="client") if base_mod else None
             try:
-                med = paired_blocks(kv, q, a.k, a.blocks, a.block, cbench, kv_base)
+                med = paired_blocks(kv, q, a.k, a.blocks, a.block, cbench, kv_base, a.namespace)
             finally:
                 if kv_base is not None:
                     kv_base.close()
@@ -209,7 +226,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
         "python": platform.python_version(), "numpy": np.__version__, "engine": engine,
-        "n": a.n, "dim": a.dim, "k": a.k, "blocks": a.blocks, "block": a.block,
+        "n": a.n, "dim": a.dim, "k": a.k, "blocks": a.blocks, "block": a.block, "namespace": a.namespace,
         "fastcall": kalos._FASTCALL is not None, "paired": med, "standalone_c_program": standalone,
     }
     if a.baseline:

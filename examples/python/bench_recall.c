@@ -26,14 +26,14 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Times `iters` kalos_recall calls on `h`; latencies (ns) go to lat[]. Returns the first failing
- * status, or KALOS_OK. */
+/* Times `iters` kalos_recall calls on `h` with parameters `p` (NULL for none); latencies (ns) go
+ * to lat[]. Returns the first failing status, or KALOS_OK. */
 kalos_status kalos_bench_recall(const kalos_handle *h, const float *q, uint32_t dim, uint32_t k, int iters,
-                                uint64_t *ids, float *scores, uint64_t *lat) {
+                                const kalos_recall_params *p, uint64_t *ids, float *scores, uint64_t *lat) {
     size_t count = 0;
     for (int i = 0; i < iters; i++) {
         uint64_t t0 = now_ns();
-        kalos_status st = kalos_recall(h, q, dim, k, NULL, ids, k, scores, k, &count);
+        kalos_status st = kalos_recall(h, q, dim, k, p, ids, k, scores, k, &count);
         lat[i] = now_ns() - t0;
         if (st != KALOS_OK) return st;
     }

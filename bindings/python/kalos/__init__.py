@@ -299,7 +299,7 @@ class _Frame:
     ``_Frame`` runs these steps in C over the same struct and buffers (kalos/_fastcall.c).
     """
 
-    __slots__ = ("a", "ap", "qlen", "k", "ids", "scores", "busy", "c", "ids_c", "scores_c")
+    __slots__ = ("a", "ap", "qlen", "k", "ids", "scores", "busy", "c", "ids_c", "scores_c", "p", "ns")
 
     def __init__(self, handle: int) -> None:
         self.ids = np.empty(KALOS_MAX_K, _U64)
@@ -312,6 +312,12 @@ class _Frame:
         a.scores = self.scores.ctypes.data
         a.scores_len = KALOS_MAX_K
         self.ap = c_void_p(addressof(a))
+        # The scope of a C fast-path call with a namespace or a filter: a params struct and a
+        # one-namespace buffer (kalos/_fastcall.c sets the namespaces, the filter and a.params
+        # per call).
+        p = self.p = _ffi.kalos_recall_params()
+        _lib.kalos_recall_params_init(byref(p), ctypes.sizeof(p))
+        self.ns = np.zeros(1, _U64)
         self.qlen = -1  # the values now in the struct (set on first use)
         self.k = -1
         self.busy = False
@@ -577,15 +583,14 @@ class Kalos:
                 query, k, namespace, namespaces, recency_weight, half_life, timeout, filter,
                 read_your_writes, allow_stale, min_seqs,
             )
-        # Fast path (the call whose overhead is budgeted): no filter, a 1-D C-contiguous, aligned
-        # float32 query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
-        # its C frame checks the query and k and makes the call; it returns None when they do
-        # not qualify or the frame is busy, and the general path below runs. Without it, the
-        # ctypes fast path (elif) does the same in Python.
+        # Fast path (the call whose overhead is budgeted): a 1-D C-contiguous, aligned float32
+        # query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
+        # its C frame checks the query, k and the scope (one namespace, a filter) and makes the
+        # call; it returns None when they do not qualify or the frame is busy, and the general
+        # path below runs. Without it, the ctypes fast path (elif) does the same in Python for
+        # unscoped calls.
         if (
-            namespace is None
-            and namespaces is None
-            and filter is None
+            namespaces is None
             and not recency_weight
             and timeout is None
             and not read_your_writes
@@ -597,7 +602,12 @@ class Kalos:
                     fc = self._tls.fastcall
                 except AttributeError:
                     fc = self._tls.fastcall = _FASTCALL(_Frame(self._h))
-                r = fc(self, query, k)
+                if namespace is None and filter is None:
+                    r = fc(self, query, k)
+                else:
+                    if filter is not None:
+                        filter = _filter_bytes(filter)
+                    r = fc(self, query, k, namespace, filter)
                 if r.__class__ is tuple:
                     return r
                 if r is not None:
@@ -605,7 +615,9 @@ class Kalos:
                         raise self._closed_error()
                     _check(r)
             elif (
-                type(query) is _NDARRAY
+                namespace is None
+                and filter is None
+                and type(query) is _NDARRAY
                 and query.dtype is _F32
                 and query.ndim == 1
                 and query.flags.c_contiguous

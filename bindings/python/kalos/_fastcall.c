@@ -15,10 +15,18 @@
  * layout numpy's own PyArray_DATA/NDIM/DIMS/DESCR/FLAGS accessors read); kalos/_fastpath.py
  * verifies that layout with probe() at import and uses the ctypes path when it does not hold.
  *
- * Frame(owner, query, k) returns:
+ * Frame(owner, query, k[, namespace, filter]) scopes the recall, when namespace or filter is
+ * not None, through the frame's own kalos_recall_params (owned by `keep`, like the args struct):
+ * namespace an int in 0..2^64-1 (one namespace), filter a bytes object (a filter expression's
+ * binary form, borrowed for the call; the library validates it). The args struct's `params`
+ * points at that struct for a scoped call and is NULL otherwise.
+ *
+ * A call returns:
  *   (ids, scores)  fresh uint64 and float32 arrays of the hits (copies, never the buffers);
  *   None           the call does not qualify: query not an exact ndarray of the float32 dtype,
- *                  1-D, C-contiguous and 4-byte aligned; k not an int in 1..max_k; or the frame is in use by a
+ *                  1-D, C-contiguous and 4-byte aligned; k not an int in 1..max_k; namespace
+ *                  not None or an int in 0..2^64-1 (exactly int); filter not None or exactly
+ *                  bytes; or the frame is in use by a
  *                  call further up this thread's stack (a finalizer or signal handler run
  *                  during the copy-out). The caller takes its general path;
  *   -1             the owner is closing (its `_closing` is true): nothing was called;
@@ -62,7 +70,10 @@ typedef struct {
     PyObject *keep;     /* owns the kalos_recall_args memory (the ctypes struct) */
     char *args;         /* its address */
     recall_with_fn fn;  /* kalos_recall_with */
-    Py_ssize_t off_query, off_query_len, off_k, off_count;
+    Py_ssize_t off_query, off_query_len, off_k, off_count, off_params;
+    char *params;       /* the frame's kalos_recall_params */
+    uint64_t *ns;       /* the one-namespace buffer its `namespaces` points at in a call with one */
+    Py_ssize_t off_ns, off_ns_len, off_filter, off_filter_len; /* offsets into the params struct */
     PyObject *nd_type;  /* numpy.ndarray */
     PyObject *f32;      /* numpy.dtype(numpy.float32) */
     PyObject *empty;    /* numpy.empty */
@@ -99,17 +110,20 @@ static PyObject *empty_args(PyObject *buf, Py_ssize_t count) {
 }
 
 /* Frame(keep, args_addr, fn_addr, off_query, off_query_len, off_k, off_count, ids, scores,
- *       cap, ndarray, float32_dtype, numpy_empty): ids and scores are C-contiguous ndarrays of
- *       cap uint64 and float32 entries, the buffers the struct points to. */
+ *       cap, ndarray, float32_dtype, numpy_empty, off_params, params_addr, ns_addr, off_ns,
+ *       off_ns_len, off_filter, off_filter_len): ids and scores are C-contiguous ndarrays of
+ *       cap uint64 and float32 entries, the buffers the struct points to; params_addr is an
+ *       initialised kalos_recall_params, ns_addr the address of a uint64 (8-aligned). */
 static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
-    PyObject *keep, *args_addr, *fn_addr, *ids, *scores, *nd_type, *f32, *empty;
-    Py_ssize_t oq, oql, ok, oc, cap;
+    PyObject *keep, *args_addr, *fn_addr, *ids, *scores, *nd_type, *f32, *empty, *params_addr, *ns_addr;
+    Py_ssize_t oq, oql, ok, oc, cap, op, on, onl, of, ofl;
     if (kw && PyObject_Length(kw) > 0) {
         PyErr_SetString(PyExc_TypeError, "Frame() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOO:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc, &ids,
-                          &scores, &cap, &nd_type, &f32, &empty))
+    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOOnOOnnnn:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc, &ids,
+                          &scores, &cap, &nd_type, &f32, &empty, &op, &params_addr, &ns_addr, &on, &onl, &of,
+                          &ofl))
         return NULL;
     if ((PyObject *)Py_TYPE(ids) != nd_type || (PyObject *)Py_TYPE(scores) != nd_type) {
         PyErr_SetString(PyExc_TypeError, "Frame: ids and scores must be ndarrays");
@@ -119,8 +133,13 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     if (!args && PyErr_Occurred()) return NULL;
     void *fn = PyLong_AsVoidPtr(fn_addr);
     if (!fn && PyErr_Occurred()) return NULL;
-    if (!args || !fn || oq < 0 || oql < 0 || ok < 0 || oc < 0 || cap <= 0) {
-        PyErr_SetString(PyExc_ValueError, "Frame: null address, negative offset or empty buffers");
+    void *params = PyLong_AsVoidPtr(params_addr);
+    if (!params && PyErr_Occurred()) return NULL;
+    void *ns = PyLong_AsVoidPtr(ns_addr);
+    if (!ns && PyErr_Occurred()) return NULL;
+    if (!args || !fn || !params || !ns || oq < 0 || oql < 0 || ok < 0 || oc < 0 || op < 0 || on < 0 || onl < 0 || of < 0 ||
+        ofl < 0 || cap <= 0 || ((uintptr_t)ns & 7u)) {
+        PyErr_SetString(PyExc_ValueError, "Frame: null or misaligned address, negative offset or empty buffers");
         return NULL;
     }
     PyObject *ids_new = empty_args(ids, 0);
@@ -152,6 +171,13 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     f->off_query_len = oql;
     f->off_k = ok;
     f->off_count = oc;
+    f->off_params = op;
+    f->params = (char *)params;
+    f->ns = (uint64_t *)ns;
+    f->off_ns = on;
+    f->off_ns_len = onl;
+    f->off_filter = of;
+    f->off_filter_len = ofl;
     f->nd_type = nd_type;
     f->f32 = f32;
     f->empty = empty;
@@ -174,14 +200,36 @@ static void active_pop(PyObject *active) {
 
 static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     Frame *f = (Frame *)self;
-    if (kw || PyTuple_Size(a) != 3) {
-        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k)");
+    Py_ssize_t na = PyTuple_Size(a);
+    if (kw || (na != 3 && na != 5)) {
+        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k[, namespace, filter])");
         return NULL;
     }
     PyObject *owner = PyTuple_GetItem(a, 0);
     PyObject *query = PyTuple_GetItem(a, 1);
     PyObject *kobj = PyTuple_GetItem(a, 2);
+    PyObject *nsobj = na == 5 ? PyTuple_GetItem(a, 3) : Py_None;
+    PyObject *fobj = na == 5 ? PyTuple_GetItem(a, 4) : Py_None;
     if (f->busy || (PyObject *)Py_TYPE(query) != f->nd_type) Py_RETURN_NONE;
+    /* Scope: exactly an int in range and exactly bytes, else the general path (which raises
+     * the errors or converts the int-likes and buffers it accepts). */
+    unsigned long long nsval = 0;
+    if (nsobj != Py_None) {
+        if (!PyLong_CheckExact(nsobj)) Py_RETURN_NONE;
+        nsval = PyLong_AsUnsignedLongLong(nsobj);
+        if (nsval == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    char *fdata = NULL;
+    Py_ssize_t flen = 0;
+    if (fobj != Py_None) {
+        if (!PyBytes_CheckExact(fobj)) Py_RETURN_NONE;
+        fdata = PyBytes_AsString(fobj);
+        if (!fdata) return NULL;
+        flen = PyBytes_Size(fobj);
+    }
     np_fields *q = (np_fields *)query;
     if (q->nd != 1 || q->descr != f->f32 || !(q->flags & NPY_C_CONTIGUOUS) || ((uintptr_t)q->data & 3u) ||
         !PyLong_Check(kobj))
@@ -223,6 +271,18 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     *(char **)(s + f->off_query) = q->data;
     *(size_t *)(s + f->off_query_len) = (size_t)q->dimensions[0];
     *(uint32_t *)(s + f->off_k) = (uint32_t)k;
+    if (nsobj == Py_None && fobj == Py_None) {
+        *(char **)(s + f->off_params) = NULL;
+    } else {
+        /* The bytes object stays referenced by the caller's argument tuple for the call. */
+        /* No namespace: NULL and 0, which the header defines as every namespace. */
+        *f->ns = (uint64_t)nsval;
+        *(uint64_t **)(f->params + f->off_ns) = nsobj != Py_None ? f->ns : NULL;
+        *(size_t *)(f->params + f->off_ns_len) = nsobj != Py_None ? 1 : 0;
+        *(const char **)(f->params + f->off_filter) = fdata;
+        *(size_t *)(f->params + f->off_filter_len) = (size_t)flen;
+        *(char **)(s + f->off_params) = f->params;
+    }
     recall_with_fn fn = f->fn;
     int32_t rc;
     Py_BEGIN_ALLOW_THREADS

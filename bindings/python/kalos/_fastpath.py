@@ -28,8 +28,17 @@ from . import _ffi
 #: Why :func:`load` returned None ("" when it did not).
 disabled_reason = ""
 
-# The fields a Frame call writes or reads, with the C types _fastcall.c uses for them.
-_FIELDS = {"query": ctypes.c_void_p, "query_len": ctypes.c_size_t, "k": ctypes.c_uint32, "count": ctypes.c_size_t}
+# The fields a Frame call writes or reads, with the C types _fastcall.c uses for them; of the
+# params struct, the lengths and the two pointers it writes (any ctypes pointer type).
+_FIELDS = {
+    "query": ctypes.c_void_p,
+    "query_len": ctypes.c_size_t,
+    "k": ctypes.c_uint32,
+    "params": ctypes.c_void_p,
+    "count": ctypes.c_size_t,
+}
+_PARAMS_FIELDS = {"namespaces_len": ctypes.c_size_t, "filter_len": ctypes.c_size_t}
+_PARAMS_POINTERS = ("namespaces", "filter")
 
 
 def _probes_agree(probe: Callable[..., Any]) -> bool:
@@ -71,8 +80,15 @@ def load() -> Optional[Callable[[Any], Any]]:
         return None
     A = _ffi.kalos_recall_args
     types = dict(A._fields_)
-    if any(types.get(n) is not t for n, t in _FIELDS.items()):
-        disabled_reason = "kalos_recall_args field types differ from those _fastcall.c writes"
+    P = _ffi.kalos_recall_params
+    ptypes = dict(P._fields_)
+    pointer = type(ctypes.POINTER(ctypes.c_uint8))
+    if (
+        any(types.get(n) is not t for n, t in _FIELDS.items())
+        or any(ptypes.get(n) is not t for n, t in _PARAMS_FIELDS.items())
+        or any(type(ptypes.get(n)) is not pointer for n in _PARAMS_POINTERS)
+    ):
+        disabled_reason = "kalos_recall_args or kalos_recall_params field types differ from those _fastcall.c writes"
         return None
     try:
         agree = _probes_agree(_fastcall.probe)
@@ -85,6 +101,7 @@ def load() -> Optional[Callable[[Any], Any]]:
 
     fn = ctypes.cast(_ffi.lib_raw.kalos_recall_with, ctypes.c_void_p).value
     offsets = (A.query.offset, A.query_len.offset, A.k.offset, A.count.offset)
+    scope_offsets = (P.namespaces.offset, P.namespaces_len.offset, P.filter.offset, P.filter_len.offset)
     f32 = np.dtype(np.float32)
     new = _fastcall.Frame
     cap = _ffi.KALOS_MAX_K
@@ -95,6 +112,11 @@ def load() -> Optional[Callable[[Any], Any]]:
         ids, scores = frame.ids, frame.scores
         assert ids.dtype == np.uint64 and scores.dtype == np.float32 and ids.shape == scores.shape == (cap,)
         assert ids.flags.c_contiguous and scores.flags.c_contiguous
-        return new(frame, ctypes.addressof(frame.a), fn, *offsets, ids, scores, cap, np.ndarray, f32, empty)
+        ns = frame.ns
+        assert ns.dtype == np.uint64 and ns.shape == (1,)
+        return new(
+            frame, ctypes.addressof(frame.a), fn, *offsets, ids, scores, cap, np.ndarray, f32, empty,
+            A.params.offset, ctypes.addressof(frame.p), ns.ctypes.data, *scope_offsets,
+        )
 
     return wrap

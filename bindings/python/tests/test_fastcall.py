@@ -211,6 +211,109 @@ def test_inputs_give_what_the_ctypes_path_gives(name):
 
 
 @needs_fastcall
+def test_scoped_results_equal_the_general_path(name):
+    """A recall scoped by one namespace, a filter (bytes, Expr or dict) or both runs in the C
+    frame (it answers directly, not through the general path) and returns what the general path
+    returns; an unscoped call after a scoped one is unscoped again."""
+    from kalos import filters as F
+
+    rng = np.random.default_rng(31)
+    d = 16
+    n = 1500
+    with kalos.open(name, dim=d, role="server", backend="cpu") as kv:
+        nss = rng.integers(0, 5, n)
+        for ns in range(5):
+            sel = np.flatnonzero(nss == ns)
+            kv.upsert(sel + 1, rng.standard_normal((len(sel), d)), namespace=ns,
+                      metadata=[{"n": int(i % 100), "tag": "ab"[i % 2]} for i in sel])
+        scopes = [
+            (0, None),
+            (3, None),
+            (7, None),  # no memory in it
+            (2**64 - 1, None),
+            (None, F.lt("n", 30).encode()),
+            (None, F.lt("n", 30)),
+            (None, {"tag": "a", "n": {"$gte": 50}}),
+            (None, F.eq("n", 1000).encode()),  # matches nothing
+            (1, F.eq("tag", "b")),
+            (4, {"n": {"$in": [1, 2, 3, 4, 5, 6, 7, 8, 9]}}),
+        ]
+        fc = None
+        for i in range(60):
+            ns, flt = scopes[i % len(scopes)]
+            q = rng.standard_normal(d).astype(np.float32)
+            k = [1, 5, 10, 64, 1024][i % 5]
+            fast = kv.recall(q, k, namespace=ns, filter=flt)
+            fc = kv._tls.fastcall
+            fb = None if flt is None else kalos._filter_bytes(flt)
+            direct = fc(kv, q, k, ns, fb)
+            assert type(direct) is tuple, (ns, flt)
+            general = _ctypes_path(kv, q, k, namespace=ns, filter=flt)
+            for other in (direct, general):
+                _same(("ok", fast), ("ok", other))
+            plain = kv.recall(q, k)
+            _same(("ok", plain), ("ok", _ctypes_path(kv, q, k)))
+            assert len(plain[0]) == min(k, n)
+
+
+BAD_NAMESPACES = [-1, 2**64, 2**80, np.uint64(3), np.int64(2), True, 3.0, "3"]
+BAD_FILTERS = [b"", b"\x01", b"\x01\x02\x03", bytearray(b"\x01"), 5, {"$and": 3}, {"n": {"$frob": 1}}, [1]]
+
+
+@needs_fastcall
+def test_scope_inputs_give_what_the_general_path_gives(name):
+    """Namespaces and filters the C frame does not take (out of range, numpy integers, bools,
+    bytearrays, malformed expressions) give the same result or exception, class and message,
+    as the general path."""
+    from kalos import filters as F
+
+    rng = np.random.default_rng(5)
+    d = 8
+    with kalos.open(name, dim=d, role="server", backend="cpu") as kv:
+        kv.upsert(np.arange(1, 101), rng.standard_normal((100, d)), namespace=3,
+                  metadata=[{"n": i} for i in range(100)])
+        q = rng.standard_normal(d).astype(np.float32)
+        for ns in BAD_NAMESPACES:
+            _same(_outcome(lambda: kv.recall(q, 5, namespace=ns)), _outcome(lambda: _ctypes_path(kv, q, 5, namespace=ns)))
+        for f in BAD_FILTERS + [bytearray(F.lt("n", 10).encode()), memoryview(F.lt("n", 10).encode())]:
+            _same(_outcome(lambda: kv.recall(q, 5, filter=f)), _outcome(lambda: _ctypes_path(kv, q, 5, filter=f)))
+            _same(_outcome(lambda: kv.recall(q, 5, namespace=3, filter=f)),
+                  _outcome(lambda: _ctypes_path(kv, q, 5, namespace=3, filter=f)))
+        _same(_outcome(lambda: kv.recall(np.ones(4, np.float32), 5, namespace=3)),
+              _outcome(lambda: _ctypes_path(kv, np.ones(4, np.float32), 5, namespace=3)))
+        _same(_outcome(lambda: kv.recall(q, 0, filter=F.lt("n", 10))),
+              _outcome(lambda: _ctypes_path(kv, q, 0, filter=F.lt("n", 10))))
+        assert kv._active == []
+
+
+@needs_fastcall
+def test_scoped_call_writes_the_params_the_header_declares(name):
+    """A scoped call points the args struct's params at the frame's kalos_recall_params, with
+    the namespace and the filter's bytes; an unscoped call sets params back to NULL."""
+    from kalos import filters as F
+
+    q = np.ones(8, np.float32)
+    fb = F.lt("n", 1).encode()
+    with kalos.open(name, dim=8, role="server", backend="cpu") as kv:
+        kv.upsert([1, 2], np.eye(2, 8), namespace=6, metadata=[{"n": 0}, {"n": 5}])
+        assert kv.recall(q, 3, namespace=6, filter=fb)[0].tolist() == [1]
+        fc = kv._tls.fastcall
+        st = _ffi.kalos_recall_args.from_address(fc.args)
+        p = _ffi.kalos_recall_params.from_address(st.params)
+        assert p.struct_size == ctypes.sizeof(_ffi.kalos_recall_params)
+        assert (p.namespaces_len, p.namespaces[0], p.filter_len) == (1, 6, len(fb))
+        assert bytes(p.filter[: len(fb)]) == fb
+        assert (p.recency_weight, p.timeout_ms, p.consistency, p.min_seqs_len) == (0, 0, 0, 0)
+        assert kv.recall(q, 3, filter=fb)[0].tolist() == [1]
+        assert st.params and not p.namespaces and (p.namespaces_len, p.filter_len) == (0, len(fb))
+        assert kv.recall(q, 3, namespace=6)[0].tolist() in ([1, 2], [2, 1])
+        assert st.params and (p.namespaces_len, p.namespaces[0], p.filter_len) == (1, 6, 0) and not p.filter
+        assert kv.recall(q, 3, namespace=5)[0].tolist() == []
+        assert kv.recall(q, 3)[0].tolist() in ([1, 2], [2, 1])
+        assert st.params is None
+
+
+@needs_fastcall
 def test_busy_frame_takes_the_general_path(kv):
     """A recall re-entered on the same thread while the frame is in use (a finalizer or signal
     handler during the copy-out) gets None from the frame and answers through the general path,
@@ -363,6 +466,8 @@ def test_no_reference_leaks(kv):
         kv.recall(q, 2)
     fc = kv._tls.fastcall
     gc.collect()
+    kv.recall(q, 2, namespace=0, filter=kalos.filters.lt("n", 3).encode())
+    gc.collect()
     before = (sys.getrefcount(q), sys.getrefcount(kv), sys.getrefcount(fc), sys.getrefcount(kv._active))
     for k in (1, 2, 3, 5, 2, 1024):
         for _ in range(300):
@@ -371,6 +476,12 @@ def test_no_reference_leaks(kv):
     for _ in range(300):  # the error path
         with pytest.raises(kalos.DimensionMismatchError):
             kv.recall(np.ones(4, np.float32), 2)
+    fb = kalos.filters.lt("n", 3).encode()
+    rf = sys.getrefcount(fb)
+    for _ in range(300):  # scoped calls
+        ids, sc = kv.recall(q, 2, namespace=0, filter=fb)
+        del ids, sc
+    assert sys.getrefcount(fb) == rf
     gc.collect()
     after = (sys.getrefcount(q), sys.getrefcount(kv), sys.getrefcount(fc), sys.getrefcount(kv._active))
     assert before == after
