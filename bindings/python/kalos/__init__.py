@@ -312,12 +312,12 @@ class _Frame:
         a.scores = self.scores.ctypes.data
         a.scores_len = KALOS_MAX_K
         self.ap = c_void_p(addressof(a))
-        # The scope of a C fast-path call with a namespace or a filter: a params struct and a
-        # one-namespace buffer (kalos/_fastcall.c sets the namespaces, the filter and a.params
-        # per call).
+        # The scope of a C fast-path call with namespaces or a filter: a params struct and a
+        # namespace buffer (kalos/_fastcall.c sets the namespaces, the filter and a.params per
+        # call).
         p = self.p = _ffi.kalos_recall_params()
         _lib.kalos_recall_params_init(byref(p), ctypes.sizeof(p))
-        self.ns = np.zeros(1, _U64)
+        self.ns = np.zeros(KALOS_MAX_FILTER_NAMESPACES, _U64)
         self.qlen = -1  # the values now in the struct (set on first use)
         self.k = -1
         self.busy = False
@@ -585,12 +585,12 @@ class Kalos:
             )
         # Fast path (the call whose overhead is budgeted): a 1-D C-contiguous, aligned float32
         # query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
-        # its C frame checks the query, k and the scope (one namespace, a filter) and makes the
-        # call; it returns None when they do not qualify or the frame is busy, and the general
+        # its C frame checks the query, k and the scope (`namespace`, or `namespaces` as a list or
+        # tuple; a filter) and makes the call; it returns None when they do not qualify or the frame is busy, and the general
         # path below runs. Without it, the ctypes fast path (elif) does the same in Python for
         # unscoped calls.
         if (
-            namespaces is None
+            (namespace is None or namespaces is None)
             and not recency_weight
             and timeout is None
             and not read_your_writes
@@ -602,12 +602,14 @@ class Kalos:
                     fc = self._tls.fastcall
                 except AttributeError:
                     fc = self._tls.fastcall = _FASTCALL(_Frame(self._h))
-                if namespace is None and filter is None:
+                if namespace is None and namespaces is None and filter is None:
                     r = fc(self, query, k)
-                else:
+                elif namespaces is None or namespaces.__class__ is list or namespaces.__class__ is tuple:
                     if filter is not None:
                         filter = _filter_bytes(filter)
-                    r = fc(self, query, k, namespace, filter)
+                    r = fc(self, query, k, namespaces if namespace is None else namespace, filter)
+                else:
+                    r = None
                 if r.__class__ is tuple:
                     return r
                 if r is not None:
@@ -616,6 +618,7 @@ class Kalos:
                     _check(r)
             elif (
                 namespace is None
+                and namespaces is None
                 and filter is None
                 and type(query) is _NDARRAY
                 and query.dtype is _F32

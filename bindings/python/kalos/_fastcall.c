@@ -15,18 +15,20 @@
  * layout numpy's own PyArray_DATA/NDIM/DIMS/DESCR/FLAGS accessors read); kalos/_fastpath.py
  * verifies that layout with probe() at import and uses the ctypes path when it does not hold.
  *
- * Frame(owner, query, k[, namespace, filter]) scopes the recall, when namespace or filter is
+ * Frame(owner, query, k[, namespaces, filter]) scopes the recall, when namespaces or filter is
  * not None, through the frame's own kalos_recall_params (owned by `keep`, like the args struct):
- * namespace an int in 0..2^64-1 (one namespace), filter a bytes object (a filter expression's
- * binary form, borrowed for the call; the library validates it). The args struct's `params`
+ * namespaces an int in 0..2^64-1 (one namespace) or a list or tuple of 1 to ns_cap such ints,
+ * copied into the frame's namespace buffer; filter a bytes object (a filter expression's binary
+ * form, borrowed for the call; the library validates it). The args struct's `params`
  * points at that struct for a scoped call and is NULL otherwise.
  *
  * A call returns:
  *   (ids, scores)  fresh uint64 and float32 arrays of the hits (copies, never the buffers);
  *   None           the call does not qualify: query not an exact ndarray of the float32 dtype,
- *                  1-D, C-contiguous and 4-byte aligned; k not an int in 1..max_k; namespace
- *                  not None or an int in 0..2^64-1 (exactly int); filter not None or exactly
- *                  bytes; or the frame is in use by a
+ *                  1-D, C-contiguous and 4-byte aligned; k not an int in 1..max_k; namespaces
+ *                  not None, an int in 0..2^64-1 (exactly int) or an exact list or tuple of 1
+ *                  to ns_cap of them; filter not None or exactly bytes; or the frame is in use
+ *                  by a
  *                  call further up this thread's stack (a finalizer or signal handler run
  *                  during the copy-out). The caller takes its general path;
  *   -1             the owner is closing (its `_closing` is true): nothing was called;
@@ -72,7 +74,8 @@ typedef struct {
     recall_with_fn fn;  /* kalos_recall_with */
     Py_ssize_t off_query, off_query_len, off_k, off_count, off_params;
     char *params;       /* the frame's kalos_recall_params */
-    uint64_t *ns;       /* the one-namespace buffer its `namespaces` points at in a call with one */
+    uint64_t *ns;       /* the namespace buffer its `namespaces` points at in a call with some */
+    Py_ssize_t ns_cap;  /* its length */
     Py_ssize_t off_ns, off_ns_len, off_filter, off_filter_len; /* offsets into the params struct */
     PyObject *nd_type;  /* numpy.ndarray */
     PyObject *f32;      /* numpy.dtype(numpy.float32) */
@@ -110,20 +113,21 @@ static PyObject *empty_args(PyObject *buf, Py_ssize_t count) {
 }
 
 /* Frame(keep, args_addr, fn_addr, off_query, off_query_len, off_k, off_count, ids, scores,
- *       cap, ndarray, float32_dtype, numpy_empty, off_params, params_addr, ns_addr, off_ns,
- *       off_ns_len, off_filter, off_filter_len): ids and scores are C-contiguous ndarrays of
- *       cap uint64 and float32 entries, the buffers the struct points to; params_addr is an
- *       initialised kalos_recall_params, ns_addr the address of a uint64 (8-aligned). */
+ *       cap, ndarray, float32_dtype, numpy_empty, off_params, params_addr, ns_addr, ns_cap,
+ *       off_ns, off_ns_len, off_filter, off_filter_len): ids and scores are C-contiguous
+ *       ndarrays of cap uint64 and float32 entries, the buffers the struct points to;
+ *       params_addr is an initialised kalos_recall_params, ns_addr the address of ns_cap
+ *       uint64s (8-aligned). */
 static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     PyObject *keep, *args_addr, *fn_addr, *ids, *scores, *nd_type, *f32, *empty, *params_addr, *ns_addr;
-    Py_ssize_t oq, oql, ok, oc, cap, op, on, onl, of, ofl;
+    Py_ssize_t oq, oql, ok, oc, cap, op, nsc, on, onl, of, ofl;
     if (kw && PyObject_Length(kw) > 0) {
         PyErr_SetString(PyExc_TypeError, "Frame() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOOnOOnnnn:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc, &ids,
-                          &scores, &cap, &nd_type, &f32, &empty, &op, &params_addr, &ns_addr, &on, &onl, &of,
-                          &ofl))
+    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOOnOOnnnnn:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc,
+                          &ids, &scores, &cap, &nd_type, &f32, &empty, &op, &params_addr, &ns_addr, &nsc, &on,
+                          &onl, &of, &ofl))
         return NULL;
     if ((PyObject *)Py_TYPE(ids) != nd_type || (PyObject *)Py_TYPE(scores) != nd_type) {
         PyErr_SetString(PyExc_TypeError, "Frame: ids and scores must be ndarrays");
@@ -137,7 +141,7 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     if (!params && PyErr_Occurred()) return NULL;
     void *ns = PyLong_AsVoidPtr(ns_addr);
     if (!ns && PyErr_Occurred()) return NULL;
-    if (!args || !fn || !params || !ns || oq < 0 || oql < 0 || ok < 0 || oc < 0 || op < 0 || on < 0 || onl < 0 || of < 0 ||
+    if (!args || !fn || !params || !ns || oq < 0 || oql < 0 || ok < 0 || oc < 0 || op < 0 || nsc <= 0 || on < 0 || onl < 0 || of < 0 ||
         ofl < 0 || cap <= 0 || ((uintptr_t)ns & 7u)) {
         PyErr_SetString(PyExc_ValueError, "Frame: null or misaligned address, negative offset or empty buffers");
         return NULL;
@@ -174,6 +178,7 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     f->off_params = op;
     f->params = (char *)params;
     f->ns = (uint64_t *)ns;
+    f->ns_cap = nsc;
     f->off_ns = on;
     f->off_ns_len = onl;
     f->off_filter = of;
@@ -202,7 +207,7 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     Frame *f = (Frame *)self;
     Py_ssize_t na = PyTuple_Size(a);
     if (kw || (na != 3 && na != 5)) {
-        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k[, namespace, filter])");
+        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k[, namespaces, filter])");
         return NULL;
     }
     PyObject *owner = PyTuple_GetItem(a, 0);
@@ -211,15 +216,32 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     PyObject *nsobj = na == 5 ? PyTuple_GetItem(a, 3) : Py_None;
     PyObject *fobj = na == 5 ? PyTuple_GetItem(a, 4) : Py_None;
     if (f->busy || (PyObject *)Py_TYPE(query) != f->nd_type) Py_RETURN_NONE;
-    /* Scope: exactly an int in range and exactly bytes, else the general path (which raises
-     * the errors or converts the int-likes and buffers it accepts). */
-    unsigned long long nsval = 0;
+    /* Scope: exactly ints in range and exactly bytes, else the general path (which raises the
+     * errors or converts the int-likes, sequences and buffers it accepts). The namespaces go
+     * into the frame's buffer, not in use by anyone else: the frame is not busy. */
+    Py_ssize_t nns = 0;
     if (nsobj != Py_None) {
-        if (!PyLong_CheckExact(nsobj)) Py_RETURN_NONE;
-        nsval = PyLong_AsUnsignedLongLong(nsobj);
-        if (nsval == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear();
+        int is_list = PyList_CheckExact(nsobj), is_tuple = PyTuple_CheckExact(nsobj);
+        if (PyLong_CheckExact(nsobj)) {
+            nns = 1;
+        } else if (is_list || is_tuple) {
+            nns = is_list ? PyList_Size(nsobj) : PyTuple_Size(nsobj);
+            if (nns < 1 || nns > f->ns_cap) Py_RETURN_NONE;
+        } else {
             Py_RETURN_NONE;
+        }
+        for (Py_ssize_t i = 0; i < nns; i++) {
+            PyObject *v = is_list ? PyList_GetItem(nsobj, i) : is_tuple ? PyTuple_GetItem(nsobj, i) : nsobj;
+            if (!v || !PyLong_CheckExact(v)) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            unsigned long long x = PyLong_AsUnsignedLongLong(v);
+            if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            f->ns[i] = (uint64_t)x;
         }
     }
     char *fdata = NULL;
@@ -276,9 +298,8 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     } else {
         /* The bytes object stays referenced by the caller's argument tuple for the call. */
         /* No namespace: NULL and 0, which the header defines as every namespace. */
-        *f->ns = (uint64_t)nsval;
-        *(uint64_t **)(f->params + f->off_ns) = nsobj != Py_None ? f->ns : NULL;
-        *(size_t *)(f->params + f->off_ns_len) = nsobj != Py_None ? 1 : 0;
+        *(uint64_t **)(f->params + f->off_ns) = nns ? f->ns : NULL;
+        *(size_t *)(f->params + f->off_ns_len) = (size_t)nns;
         *(const char **)(f->params + f->off_filter) = fdata;
         *(size_t *)(f->params + f->off_filter_len) = (size_t)flen;
         *(char **)(s + f->off_params) = f->params;

@@ -113,10 +113,10 @@ def load() -> Optional[Callable[[Any], Any]]:
         assert ids.dtype == np.uint64 and scores.dtype == np.float32 and ids.shape == scores.shape == (cap,)
         assert ids.flags.c_contiguous and scores.flags.c_contiguous
         ns = frame.ns
-        assert ns.dtype == np.uint64 and ns.shape == (1,)
+        assert ns.dtype == np.uint64 and ns.ndim == 1 and ns.flags.c_contiguous
         return new(
             frame, ctypes.addressof(frame.a), fn, *offsets, ids, scores, cap, np.ndarray, f32, empty,
-            A.params.offset, ctypes.addressof(frame.p), ns.ctypes.data, *scope_offsets,
+            A.params.offset, ctypes.addressof(frame.p), ns.ctypes.data, ns.shape[0], *scope_offsets,
         )
 
     return wrap

@@ -212,9 +212,9 @@ def test_inputs_give_what_the_ctypes_path_gives(name):
 
 @needs_fastcall
 def test_scoped_results_equal_the_general_path(name):
-    """A recall scoped by one namespace, a filter (bytes, Expr or dict) or both runs in the C
-    frame (it answers directly, not through the general path) and returns what the general path
-    returns; an unscoped call after a scoped one is unscoped again."""
+    """A recall scoped by one namespace, a list or tuple of them, a filter (bytes, Expr or dict)
+    or both runs in the C frame (it answers directly, not through the general path) and returns
+    what the general path returns; an unscoped call after a scoped one is unscoped again."""
     from kalos import filters as F
 
     rng = np.random.default_rng(31)
@@ -237,18 +237,24 @@ def test_scoped_results_equal_the_general_path(name):
             (None, F.eq("n", 1000).encode()),  # matches nothing
             (1, F.eq("tag", "b")),
             (4, {"n": {"$in": [1, 2, 3, 4, 5, 6, 7, 8, 9]}}),
+            ([0, 2], None),
+            ((4, 1, 7), None),
+            ([3], F.lt("n", 50)),
+            (list(range(64)), None),
+            ([2**64 - 1, 0, 0], {"tag": "b"}),
         ]
         fc = None
         for i in range(60):
             ns, flt = scopes[i % len(scopes)]
             q = rng.standard_normal(d).astype(np.float32)
             k = [1, 5, 10, 64, 1024][i % 5]
-            fast = kv.recall(q, k, namespace=ns, filter=flt)
+            kw = {"namespaces" if isinstance(ns, (list, tuple)) else "namespace": ns}
+            fast = kv.recall(q, k, filter=flt, **kw)
             fc = kv._tls.fastcall
             fb = None if flt is None else kalos._filter_bytes(flt)
             direct = fc(kv, q, k, ns, fb)
             assert type(direct) is tuple, (ns, flt)
-            general = _ctypes_path(kv, q, k, namespace=ns, filter=flt)
+            general = _ctypes_path(kv, q, k, filter=flt, **kw)
             for other in (direct, general):
                 _same(("ok", fast), ("ok", other))
             plain = kv.recall(q, k)
@@ -257,6 +263,9 @@ def test_scoped_results_equal_the_general_path(name):
 
 
 BAD_NAMESPACES = [-1, 2**64, 2**80, np.uint64(3), np.int64(2), True, 3.0, "3"]
+# namespaces= values the C frame leaves to the general path (which converts or rejects them)
+OTHER_NAMESPACE_LISTS = [[], list(range(65)), [1, -1], [3, 2**64], [np.uint64(3)], (True,), [3.0], np.array([3], np.uint64),
+                         {3}, range(2, 4), "3", 3, [[3]]]
 BAD_FILTERS = [b"", b"\x01", b"\x01\x02\x03", bytearray(b"\x01"), 5, {"$and": 3}, {"n": {"$frob": 1}}, [1]]
 
 
@@ -275,6 +284,13 @@ def test_scope_inputs_give_what_the_general_path_gives(name):
         q = rng.standard_normal(d).astype(np.float32)
         for ns in BAD_NAMESPACES:
             _same(_outcome(lambda: kv.recall(q, 5, namespace=ns)), _outcome(lambda: _ctypes_path(kv, q, 5, namespace=ns)))
+        for nss in OTHER_NAMESPACE_LISTS:
+            _same(_outcome(lambda: kv.recall(q, 5, namespaces=nss)),
+                  _outcome(lambda: _ctypes_path(kv, q, 5, namespaces=nss)))
+        it = iter([3, 4])  # consumed once, by the general path
+        assert kv.recall(q, 5, namespaces=it)[0].tolist() == _ctypes_path(kv, q, 5, namespaces=[3, 4])[0].tolist()
+        _same(_outcome(lambda: kv.recall(q, 5, namespace=1, namespaces=[3])),
+              _outcome(lambda: _ctypes_path(kv, q, 5, namespace=1, namespaces=[3])))
         for f in BAD_FILTERS + [bytearray(F.lt("n", 10).encode()), memoryview(F.lt("n", 10).encode())]:
             _same(_outcome(lambda: kv.recall(q, 5, filter=f)), _outcome(lambda: _ctypes_path(kv, q, 5, filter=f)))
             _same(_outcome(lambda: kv.recall(q, 5, namespace=3, filter=f)),
@@ -309,6 +325,8 @@ def test_scoped_call_writes_the_params_the_header_declares(name):
         assert kv.recall(q, 3, namespace=6)[0].tolist() in ([1, 2], [2, 1])
         assert st.params and (p.namespaces_len, p.namespaces[0], p.filter_len) == (1, 6, 0) and not p.filter
         assert kv.recall(q, 3, namespace=5)[0].tolist() == []
+        assert kv.recall(q, 3, namespaces=(9, 6, 5), filter=fb)[0].tolist() == [1]
+        assert (p.namespaces_len, p.namespaces[0], p.namespaces[1], p.namespaces[2]) == (3, 9, 6, 5)
         assert kv.recall(q, 3)[0].tolist() in ([1, 2], [2, 1])
         assert st.params is None
 
