@@ -156,6 +156,8 @@ def _f32_c(x: ArrayLike) -> np.ndarray:
 def _u64_1d(x: ArrayLike) -> np.ndarray:
     if type(x) is _NDARRAY and x.dtype is _U64 and x.ndim == 1 and x.flags.c_contiguous and x.flags.aligned:
         return x
+    if type(x) is list and len(x) <= 64 and all(type(v) is int and 0 <= v < 1 << 64 for v in x):
+        return np.array(x, dtype=_U64)  # a few Python ints (namespaces): exact, no dtype inference
     a = np.asarray(x)
     if a.dtype.kind in "fO" and not isinstance(x, np.ndarray):
         # Python ints >= 2**63 make numpy infer float64 or object: convert them exactly.
@@ -210,6 +212,9 @@ def _filter_bytes(f: Any) -> Optional[bytes]:
         raise InvalidArgumentError(f"INVALID_ARGUMENT: filter: {e}", STATUS_CODES["INVALID_ARGUMENT"]) from e
 
 
+_P_U64 = ctypes.POINTER(c_uint64)
+
+
 def _scope_params(p: Any, fb: Optional[bytes], namespace: Optional[int], namespaces: Optional[Iterable[int]]) -> List[Any]:
     """Sets the filter and namespace fields of a ``kalos_recall_params`` or ``kalos_list_params``;
     returns the buffers they point into, which must stay alive while ``p`` is used."""
@@ -225,7 +230,7 @@ def _scope_params(p: Any, fb: Optional[bytes], namespace: Optional[int], namespa
             ns.extend(namespaces)
         nsa = _u64_1d(ns)
         keep.append(nsa)
-        p.namespaces = nsa.ctypes.data_as(ctypes.POINTER(c_uint64))
+        p.namespaces = ctypes.cast(_addr(nsa), _P_U64)
         p.namespaces_len = nsa.shape[0]
     return keep
 
