@@ -37,7 +37,12 @@ _FIELDS = {
     "params": ctypes.c_void_p,
     "count": ctypes.c_size_t,
 }
-_PARAMS_FIELDS = {"namespaces_len": ctypes.c_size_t, "filter_len": ctypes.c_size_t}
+_PARAMS_FIELDS = {
+    "namespaces_len": ctypes.c_size_t,
+    "filter_len": ctypes.c_size_t,
+    "recency_weight": ctypes.c_float,
+    "recency_half_life_ms": ctypes.c_double,
+}
 _PARAMS_POINTERS = ("namespaces", "filter")
 
 
@@ -101,7 +106,10 @@ def load() -> Optional[Callable[[Any], Any]]:
 
     fn = ctypes.cast(_ffi.lib_raw.kalos_recall_with, ctypes.c_void_p).value
     offsets = (A.query.offset, A.query_len.offset, A.k.offset, A.count.offset)
-    scope_offsets = (P.namespaces.offset, P.namespaces_len.offset, P.filter.offset, P.filter_len.offset)
+    scope_offsets = (
+        P.namespaces.offset, P.namespaces_len.offset, P.filter.offset, P.filter_len.offset,
+        P.recency_weight.offset, P.recency_half_life_ms.offset,
+    )
     f32 = np.dtype(np.float32)
     new = _fastcall.Frame
     cap = _ffi.KALOS_MAX_K

@@ -93,13 +93,16 @@ def _outcome(fn):
         return ("raised", type(e), str(e))
 
 
-def _same(a, b, messages=True):
+def _same(a, b, messages=True, score_rtol=0):
     assert a[0] == b[0], (a, b)
     if a[0] == "ok":
         (ia, sa), (ib, sb) = a[1], b[1]
         assert ia.dtype == ib.dtype == np.uint64 and sa.dtype == sb.dtype == np.float32
         np.testing.assert_array_equal(ia, ib)
-        np.testing.assert_array_equal(sa, sb)
+        if score_rtol:
+            np.testing.assert_allclose(sa, sb, rtol=score_rtol)
+        else:
+            np.testing.assert_array_equal(sa, sb)
     else:
         assert a[1] is b[1], (a, b)
         if messages:
@@ -243,20 +246,26 @@ def test_scoped_results_equal_the_general_path(name):
             (list(range(64)), None),
             ([2**64 - 1, 0, 0], {"tag": "b"}),
         ]
+        recency = [(0.0, None), (0.3, 600.0), (1, 3600), (0.9, 86400)]
         fc = None
         for i in range(60):
             ns, flt = scopes[i % len(scopes)]
             q = rng.standard_normal(d).astype(np.float32)
             k = [1, 5, 10, 64, 1024][i % 5]
             kw = {"namespaces" if isinstance(ns, (list, tuple)) else "namespace": ns}
+            w, hl = recency[i % len(recency)]
+            if w:
+                kw.update(recency_weight=w, half_life=hl)
             fast = kv.recall(q, k, filter=flt, **kw)
             fc = kv._tls.fastcall
             fb = None if flt is None else kalos._filter_bytes(flt)
-            direct = fc(kv, q, k, ns, fb)
+            direct = fc(kv, q, k, ns, fb, w, hl)
             assert type(direct) is tuple, (ns, flt)
             general = _ctypes_path(kv, q, k, filter=flt, **kw)
             for other in (direct, general):
-                _same(("ok", fast), ("ok", other))
+                # With recency the score moves with the clock between calls (hours of half-life:
+                # by under 1e-6 here).
+                _same(("ok", fast), ("ok", other), score_rtol=1e-4 if w else 0)
             plain = kv.recall(q, k)
             _same(("ok", plain), ("ok", _ctypes_path(kv, q, k)))
             assert len(plain[0]) == min(k, n)
@@ -267,6 +276,12 @@ BAD_NAMESPACES = [-1, 2**64, 2**80, np.uint64(3), np.int64(2), True, 3.0, "3"]
 OTHER_NAMESPACE_LISTS = [[], list(range(65)), [1, -1], [3, 2**64], [np.uint64(3)], (True,), [3.0], np.array([3], np.uint64),
                          {3}, range(2, 4), "3", 3, [[3]]]
 BAD_FILTERS = [b"", b"\x01", b"\x01\x02\x03", bytearray(b"\x01"), 5, {"$and": 3}, {"n": {"$frob": 1}}, [1]]
+
+
+# recency_weight / half_life pairs, valid and not, that the frame takes or leaves to the general path
+BAD_RECENCY = [(np.float32(0.5), 60.0), (True, 60.0), ("0.3", 60), (0.3, "x"), (0.3, np.float64(60)), (float("nan"), 60.0),
+               (-0.5, 60.0), (2.0, 60.0), (0.3, -1.0), (0.3, 0), (0.3, None), (0, "garbage"), (0.0, object()),
+               (10**400, 60.0), (0.3, 10**400), (float("inf"), 1.0), (1e300, 1.0), (0.5, 1e-300), (-0.0, None), (1, 2**70)]
 
 
 @needs_fastcall
@@ -299,6 +314,10 @@ def test_scope_inputs_give_what_the_general_path_gives(name):
               _outcome(lambda: _ctypes_path(kv, np.ones(4, np.float32), 5, namespace=3)))
         _same(_outcome(lambda: kv.recall(q, 0, filter=F.lt("n", 10))),
               _outcome(lambda: _ctypes_path(kv, q, 0, filter=F.lt("n", 10))))
+        for w, hl in BAD_RECENCY:
+            for kw in ({}, {"namespace": 3}):
+                _same(_outcome(lambda: kv.recall(q, 5, recency_weight=w, half_life=hl, **kw)),
+                      _outcome(lambda: _ctypes_path(kv, q, 5, recency_weight=w, half_life=hl, **kw)), score_rtol=1e-4)
         assert kv._active == []
 
 
@@ -327,6 +346,12 @@ def test_scoped_call_writes_the_params_the_header_declares(name):
         assert kv.recall(q, 3, namespace=5)[0].tolist() == []
         assert kv.recall(q, 3, namespaces=(9, 6, 5), filter=fb)[0].tolist() == [1]
         assert (p.namespaces_len, p.namespaces[0], p.namespaces[1], p.namespaces[2]) == (3, 9, 6, 5)
+        assert (p.recency_weight, p.recency_half_life_ms) == (0, 0)
+        assert len(kv.recall(q, 3, recency_weight=0.25, half_life=1.5)[0]) == 2
+        assert st.params and not p.namespaces and not p.filter
+        assert (p.recency_weight, p.recency_half_life_ms) == (0.25, 1500.0)
+        kv.recall(q, 3, namespace=6)
+        assert (p.recency_weight, p.recency_half_life_ms) == (0, 0)
         assert kv.recall(q, 3)[0].tolist() in ([1, 2], [2, 1])
         assert st.params is None
 
