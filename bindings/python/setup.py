@@ -87,7 +87,7 @@ if NATIVE:
     ]
 
 # Py_LIMITED_API is defined in the source; py_limited_api names the file _fastcall.abi3.so.
-fastcall = Extension("kalos._fastcall", ["kalos/_fastcall.c"], py_limited_api=True, optional=True)
+fastcall = Extension("kalos._fastcall", ["kalos/_fastcall.c"], libraries=["m"], py_limited_api=True, optional=True)
 
 setup(
     version=VERSION,

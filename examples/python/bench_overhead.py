@@ -51,6 +51,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -222,6 +223,7 @@ def main() -> None:
     finally:
         srv.send_signal(signal.SIGTERM)
         srv.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",

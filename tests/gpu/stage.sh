@@ -29,7 +29,7 @@ find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 rm -f .gpu/python/kalos/*.so .gpu/python/kalos/*.c
 gcc -O2 -Wall -Wextra -Werror -shared -fPIC \
   -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-  bindings/python/kalos/_fastcall.c -o .gpu/python/kalos/_fastcall.abi3.so
+  bindings/python/kalos/_fastcall.c -lm -o .gpu/python/kalos/_fastcall.abi3.so
 # faiss-cpu for cpu_host.sh's peer (the GPU machine has no network and no faiss): the wheels in
 # the folder KALOS_PEER_WHEELS (`pip download faiss-cpu packaging --no-deps --only-binary=:all:
 # --python-version 3.12 -d DIR`; numpy is the machine's), unpacked there by cpu_host.sh.

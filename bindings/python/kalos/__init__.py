@@ -591,12 +591,11 @@ class Kalos:
         # Fast path (the call whose overhead is budgeted): a 1-D C-contiguous, aligned float32
         # query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
         # its C frame checks the query, k, the scope (`namespace`, or `namespaces` as a list or
-        # tuple; a filter) and the recency weighting and makes the call; it returns None when
+        # tuple; a filter), the recency weighting and the timeout and makes the call; it returns None when
         # they do not qualify or the frame is busy, and the general path below runs. Without it,
         # the ctypes fast path (elif) does the same in Python for unscoped calls.
         if (
             (namespace is None or namespaces is None)
-            and timeout is None
             and not read_your_writes
             and not allow_stale
             and min_seqs is None
@@ -606,13 +605,13 @@ class Kalos:
                     fc = self._tls.fastcall
                 except AttributeError:
                     fc = self._tls.fastcall = _FASTCALL(_Frame(self._h))
-                if namespace is None and namespaces is None and filter is None and not recency_weight:
+                if namespace is None and namespaces is None and filter is None and not recency_weight and timeout is None:
                     r = fc(self, query, k)
                 elif namespaces is None or namespaces.__class__ is list or namespaces.__class__ is tuple:
                     if filter is not None:
                         filter = _filter_bytes(filter)
                     ns = namespaces if namespace is None else namespace
-                    r = fc(self, query, k, ns, filter, recency_weight, half_life)
+                    r = fc(self, query, k, ns, filter, recency_weight, half_life, timeout)
                 else:
                     r = None
                 if r.__class__ is tuple:
@@ -626,6 +625,7 @@ class Kalos:
                 and namespaces is None
                 and filter is None
                 and not recency_weight
+                and timeout is None
                 and type(query) is _NDARRAY
                 and query.dtype is _F32
                 and query.ndim == 1

@@ -15,14 +15,16 @@
  * layout numpy's own PyArray_DATA/NDIM/DIMS/DESCR/FLAGS accessors read); kalos/_fastpath.py
  * verifies that layout with probe() at import and uses the ctypes path when it does not hold.
  *
- * Frame(owner, query, k[, namespaces, filter[, recency_weight, half_life]]) scopes the recall
+ * Frame(owner, query, k[, namespaces, filter[, recency_weight, half_life[, timeout]]]) scopes the recall
  * through the frame's own kalos_recall_params (owned by `keep`, like the args struct):
  * namespaces None, an int in 0..2^64-1 (one namespace) or a list or tuple of 1 to ns_cap such
  * ints, copied into the frame's namespace buffer; filter None or a bytes object (a filter
  * expression's binary form, borrowed for the call; the library validates it); recency_weight a
  * float or int, 0 for none (then half_life is not read), else stored as the struct's float with
  * half_life (None, a float or an int: seconds) in ms, as kalos/__init__.py's general path does;
- * the library validates both. The args struct's `params`
+ * the library validates both; timeout None (the handle's default) or seconds as a float or an
+ * int, stored in ms as kalos/__init__.py's _ms does (rounded half to even, at least 1 ms when
+ * positive). The args struct's `params`
  * points at that struct for a scoped call and is NULL otherwise.
  *
  * A call returns:
@@ -32,7 +34,9 @@
  *                  not None, an int in 0..2^64-1 (exactly int) or an exact list or tuple of 1
  *                  to ns_cap of them; filter not None or exactly bytes; recency_weight not
  *                  exactly a float or an int, or half_life (read when the weight is not 0) not
- *                  None or exactly a float or an int, or too large for a double; or the frame
+ *                  None or exactly a float or an int, or too large for a double; timeout not
+ *                  None or a non-negative float or int below 2^53 ms (NaN, negative and other
+ *                  values raise or convert on the general path); or the frame
  *                  is in use by a
  *                  call further up this thread's stack (a finalizer or signal handler run
  *                  during the copy-out). The caller takes its general path;
@@ -51,6 +55,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -81,7 +86,7 @@ typedef struct {
     char *params;       /* the frame's kalos_recall_params */
     uint64_t *ns;       /* the namespace buffer its `namespaces` points at in a call with some */
     Py_ssize_t ns_cap;  /* its length */
-    Py_ssize_t off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl; /* into the params struct */
+    Py_ssize_t off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl, off_to; /* into the params struct */
     PyObject *nd_type;  /* numpy.ndarray */
     PyObject *f32;      /* numpy.dtype(numpy.float32) */
     PyObject *empty;    /* numpy.empty */
@@ -119,20 +124,20 @@ static PyObject *empty_args(PyObject *buf, Py_ssize_t count) {
 
 /* Frame(keep, args_addr, fn_addr, off_query, off_query_len, off_k, off_count, ids, scores,
  *       cap, ndarray, float32_dtype, numpy_empty, off_params, params_addr, ns_addr, ns_cap,
- *       off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl): ids and scores are C-contiguous
+ *       off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl, off_to): ids and scores are C-contiguous
  *       ndarrays of cap uint64 and float32 entries, the buffers the struct points to;
  *       params_addr is an initialised kalos_recall_params, ns_addr the address of ns_cap
  *       uint64s (8-aligned). */
 static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     PyObject *keep, *args_addr, *fn_addr, *ids, *scores, *nd_type, *f32, *empty, *params_addr, *ns_addr;
-    Py_ssize_t oq, oql, ok, oc, cap, op, nsc, on, onl, of, ofl, orw, ohl;
+    Py_ssize_t oq, oql, ok, oc, cap, op, nsc, on, onl, of, ofl, orw, ohl, oto;
     if (kw && PyObject_Length(kw) > 0) {
         PyErr_SetString(PyExc_TypeError, "Frame() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOOnOOnnnnnnn:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc,
+    if (!PyArg_ParseTuple(a, "OOOnnnnOOnOOOnOOnnnnnnnn:Frame", &keep, &args_addr, &fn_addr, &oq, &oql, &ok, &oc,
                           &ids, &scores, &cap, &nd_type, &f32, &empty, &op, &params_addr, &ns_addr, &nsc, &on,
-                          &onl, &of, &ofl, &orw, &ohl))
+                          &onl, &of, &ofl, &orw, &ohl, &oto))
         return NULL;
     if ((PyObject *)Py_TYPE(ids) != nd_type || (PyObject *)Py_TYPE(scores) != nd_type) {
         PyErr_SetString(PyExc_TypeError, "Frame: ids and scores must be ndarrays");
@@ -147,7 +152,7 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     void *ns = PyLong_AsVoidPtr(ns_addr);
     if (!ns && PyErr_Occurred()) return NULL;
     if (!args || !fn || !params || !ns || oq < 0 || oql < 0 || ok < 0 || oc < 0 || op < 0 || nsc <= 0 || on < 0 || onl < 0 || of < 0 ||
-        ofl < 0 || orw < 0 || ohl < 0 || cap <= 0 || ((uintptr_t)ns & 7u)) {
+        ofl < 0 || orw < 0 || ohl < 0 || oto < 0 || cap <= 0 || ((uintptr_t)ns & 7u)) {
         PyErr_SetString(PyExc_ValueError, "Frame: null or misaligned address, negative offset or empty buffers");
         return NULL;
     }
@@ -190,6 +195,7 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     f->off_filter_len = ofl;
     f->off_rw = orw;
     f->off_hl = ohl;
+    f->off_to = oto;
     f->nd_type = nd_type;
     f->f32 = f32;
     f->empty = empty;
@@ -213,8 +219,9 @@ static void active_pop(PyObject *active) {
 static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     Frame *f = (Frame *)self;
     Py_ssize_t na = PyTuple_Size(a);
-    if (kw || (na != 3 && na != 5 && na != 7)) {
-        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k[, namespaces, filter[, recency_weight, half_life]])");
+    if (kw || (na != 3 && na != 5 && na != 7 && na != 8)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Frame call takes (owner, query, k[, namespaces, filter[, recency_weight, half_life[, timeout]]])");
         return NULL;
     }
     PyObject *owner = PyTuple_GetItem(a, 0);
@@ -222,8 +229,9 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     PyObject *kobj = PyTuple_GetItem(a, 2);
     PyObject *nsobj = na >= 5 ? PyTuple_GetItem(a, 3) : Py_None;
     PyObject *fobj = na >= 5 ? PyTuple_GetItem(a, 4) : Py_None;
-    PyObject *wobj = na == 7 ? PyTuple_GetItem(a, 5) : NULL;
-    PyObject *hobj = na == 7 ? PyTuple_GetItem(a, 6) : NULL;
+    PyObject *wobj = na >= 7 ? PyTuple_GetItem(a, 5) : NULL;
+    PyObject *hobj = na >= 7 ? PyTuple_GetItem(a, 6) : NULL;
+    PyObject *tobj = na == 8 ? PyTuple_GetItem(a, 7) : Py_None;
     if (f->busy || (PyObject *)Py_TYPE(query) != f->nd_type) Py_RETURN_NONE;
     /* Scope: exactly ints in range and exactly bytes, else the general path (which raises the
      * errors or converts the int-likes, sequences and buffers it accepts). The namespaces go
@@ -285,6 +293,27 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
             w = 0.0;
         }
     }
+    /* Timeout: _ms(seconds): int(round(seconds * 1000.0)), at least 1 when seconds > 0. */
+    uint64_t to_ms = 0;
+    if (tobj != Py_None) {
+        double t;
+        if (PyFloat_CheckExact(tobj)) {
+            t = PyFloat_AsDouble(tobj);
+        } else if (PyLong_CheckExact(tobj)) {
+            t = PyLong_AsDouble(tobj);
+            if (t == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+        } else {
+            Py_RETURN_NONE;
+        }
+        if (!(t >= 0.0)) Py_RETURN_NONE; /* NaN or negative: the general path's ValueError */
+        double ms = nearbyint(t * 1000.0); /* the default rounding mode: half to even, as round() */
+        if (!(ms < 9007199254740992.0)) Py_RETURN_NONE; /* 2^53 ms and up (and inf) */
+        to_ms = (uint64_t)ms;
+        if (t > 0.0 && to_ms == 0) to_ms = 1;
+    }
     char *fdata = NULL;
     Py_ssize_t flen = 0;
     if (fobj != Py_None) {
@@ -334,7 +363,7 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     *(char **)(s + f->off_query) = q->data;
     *(size_t *)(s + f->off_query_len) = (size_t)q->dimensions[0];
     *(uint32_t *)(s + f->off_k) = (uint32_t)k;
-    if (nsobj == Py_None && fobj == Py_None && w == 0.0) {
+    if (nsobj == Py_None && fobj == Py_None && w == 0.0 && to_ms == 0) {
         *(char **)(s + f->off_params) = NULL;
     } else {
         /* The bytes object stays referenced by the caller's argument tuple for the call. */
@@ -345,6 +374,7 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
         *(size_t *)(f->params + f->off_filter_len) = (size_t)flen;
         *(float *)(f->params + f->off_rw) = (float)w;
         *(double *)(f->params + f->off_hl) = hl_ms;
+        *(uint64_t *)(f->params + f->off_to) = to_ms;
         *(char **)(s + f->off_params) = f->params;
     }
     recall_with_fn fn = f->fn;

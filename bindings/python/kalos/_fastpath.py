@@ -42,6 +42,7 @@ _PARAMS_FIELDS = {
     "filter_len": ctypes.c_size_t,
     "recency_weight": ctypes.c_float,
     "recency_half_life_ms": ctypes.c_double,
+    "timeout_ms": ctypes.c_uint64,
 }
 _PARAMS_POINTERS = ("namespaces", "filter")
 
@@ -108,7 +109,7 @@ def load() -> Optional[Callable[[Any], Any]]:
     offsets = (A.query.offset, A.query_len.offset, A.k.offset, A.count.offset)
     scope_offsets = (
         P.namespaces.offset, P.namespaces_len.offset, P.filter.offset, P.filter_len.offset,
-        P.recency_weight.offset, P.recency_half_life_ms.offset,
+        P.recency_weight.offset, P.recency_half_life_ms.offset, P.timeout_ms.offset,
     )
     f32 = np.dtype(np.float32)
     new = _fastcall.Frame

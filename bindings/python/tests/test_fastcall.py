@@ -247,6 +247,7 @@ def test_scoped_results_equal_the_general_path(name):
             ([2**64 - 1, 0, 0], {"tag": "b"}),
         ]
         recency = [(0.0, None), (0.3, 600.0), (1, 3600), (0.9, 86400)]
+        timeouts = [None, 5.0, 2, 0]
         fc = None
         for i in range(60):
             ns, flt = scopes[i % len(scopes)]
@@ -256,10 +257,13 @@ def test_scoped_results_equal_the_general_path(name):
             w, hl = recency[i % len(recency)]
             if w:
                 kw.update(recency_weight=w, half_life=hl)
+            to = timeouts[i % len(timeouts)]
+            if to is not None:
+                kw.update(timeout=to)
             fast = kv.recall(q, k, filter=flt, **kw)
             fc = kv._tls.fastcall
             fb = None if flt is None else kalos._filter_bytes(flt)
-            direct = fc(kv, q, k, ns, fb, w, hl)
+            direct = fc(kv, q, k, ns, fb, w, hl, to)
             assert type(direct) is tuple, (ns, flt)
             general = _ctypes_path(kv, q, k, filter=flt, **kw)
             for other in (direct, general):
@@ -278,6 +282,10 @@ OTHER_NAMESPACE_LISTS = [[], list(range(65)), [1, -1], [3, 2**64], [np.uint64(3)
 BAD_FILTERS = [b"", b"\x01", b"\x01\x02\x03", bytearray(b"\x01"), 5, {"$and": 3}, {"n": {"$frob": 1}}, [1]]
 
 
+# timeouts, valid and not, that the frame takes or leaves to the general path
+# (deadlines of a second or more: a recall under load must not time out here)
+TIMEOUTS = [None, 0, 0.0, 1, 2.5, 1.0005, 2.0015, 3.0025, -0.0, -1, float("nan"), float("inf"), 1e300, 2**70,
+            9007199254740.991, True, np.float64(1.0), "1", [1]]
 # recency_weight / half_life pairs, valid and not, that the frame takes or leaves to the general path
 BAD_RECENCY = [(np.float32(0.5), 60.0), (True, 60.0), ("0.3", 60), (0.3, "x"), (0.3, np.float64(60)), (float("nan"), 60.0),
                (-0.5, 60.0), (2.0, 60.0), (0.3, -1.0), (0.3, 0), (0.3, None), (0, "garbage"), (0.0, object()),
@@ -314,6 +322,10 @@ def test_scope_inputs_give_what_the_general_path_gives(name):
               _outcome(lambda: _ctypes_path(kv, np.ones(4, np.float32), 5, namespace=3)))
         _same(_outcome(lambda: kv.recall(q, 0, filter=F.lt("n", 10))),
               _outcome(lambda: _ctypes_path(kv, q, 0, filter=F.lt("n", 10))))
+        for to in TIMEOUTS:
+            for kw in ({}, {"namespace": 3}):
+                _same(_outcome(lambda: kv.recall(q, 5, timeout=to, **kw)),
+                      _outcome(lambda: _ctypes_path(kv, q, 5, timeout=to, **kw)))
         for w, hl in BAD_RECENCY:
             for kw in ({}, {"namespace": 3}):
                 _same(_outcome(lambda: kv.recall(q, 5, recency_weight=w, half_life=hl, **kw)),
@@ -351,7 +363,16 @@ def test_scoped_call_writes_the_params_the_header_declares(name):
         assert st.params and not p.namespaces and not p.filter
         assert (p.recency_weight, p.recency_half_life_ms) == (0.25, 1500.0)
         kv.recall(q, 3, namespace=6)
-        assert (p.recency_weight, p.recency_half_life_ms) == (0, 0)
+        assert (p.recency_weight, p.recency_half_life_ms, p.timeout_ms) == (0, 0, 0)
+        # Sub-millisecond and rounding cases on a query the library refuses before sending
+        # anything (the frame has written the struct by then), so no deadline can pass.
+        wrong = np.ones(4, np.float32)
+        for t, ms in ((2.5, 2500), (0.0025, 2), (0.0035, 4), (0.0005, 1), (1e-9, 1), (1.0005, 1000), (0, 0)):
+            with pytest.raises(kalos.DimensionMismatchError):
+                kv.recall(wrong, 3, namespace=6, timeout=t)
+            assert st.params and p.timeout_ms == ms == kalos._ms(t, "timeout"), t
+        kv.recall(q, 3, timeout=0.5)
+        assert st.params and not p.namespaces and p.timeout_ms == 500
         assert kv.recall(q, 3)[0].tolist() in ([1, 2], [2, 1])
         assert st.params is None
 
