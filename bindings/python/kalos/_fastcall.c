@@ -216,6 +216,22 @@ static void active_pop(PyObject *active) {
     PyErr_Clear(); /* not reached: the list holds at least this call's entry */
 }
 
+/* *out = o as a double when o is exactly a float or an int a double holds (returns 1); else 0,
+ * with no exception set (bools, numpy scalars, ints beyond a double's range). */
+static int exact_number(PyObject *o, double *out) {
+    if (PyFloat_CheckExact(o)) {
+        *out = PyFloat_AsDouble(o);
+        return 1;
+    }
+    if (!PyLong_CheckExact(o)) return 0;
+    *out = PyLong_AsDouble(o);
+    if (*out == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     Frame *f = (Frame *)self;
     Py_ssize_t na = PyTuple_Size(a);
@@ -264,30 +280,10 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     /* Recency: the general path's `if recency_weight:` then `(half_life or 0.0) * 1000.0`. */
     double w = 0.0, hl_ms = 0.0;
     if (wobj) {
-        if (PyFloat_CheckExact(wobj)) {
-            w = PyFloat_AsDouble(wobj);
-        } else if (PyLong_CheckExact(wobj)) {
-            w = PyLong_AsDouble(wobj);
-            if (w == -1.0 && PyErr_Occurred()) {
-                PyErr_Clear();
-                Py_RETURN_NONE;
-            }
-        } else {
-            Py_RETURN_NONE;
-        }
+        if (!exact_number(wobj, &w)) Py_RETURN_NONE;
         if (w != 0.0 || w != w) { /* truthy: nonzero or NaN */
             double h = 0.0;
-            if (PyFloat_CheckExact(hobj)) {
-                h = PyFloat_AsDouble(hobj);
-            } else if (PyLong_CheckExact(hobj)) {
-                h = PyLong_AsDouble(hobj);
-                if (h == -1.0 && PyErr_Occurred()) {
-                    PyErr_Clear();
-                    Py_RETURN_NONE;
-                }
-            } else if (hobj != Py_None) {
-                Py_RETURN_NONE;
-            }
+            if (hobj != Py_None && !exact_number(hobj, &h)) Py_RETURN_NONE;
             hl_ms = h * 1000.0;
         } else {
             w = 0.0;
@@ -297,17 +293,7 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     uint64_t to_ms = 0;
     if (tobj != Py_None) {
         double t;
-        if (PyFloat_CheckExact(tobj)) {
-            t = PyFloat_AsDouble(tobj);
-        } else if (PyLong_CheckExact(tobj)) {
-            t = PyLong_AsDouble(tobj);
-            if (t == -1.0 && PyErr_Occurred()) {
-                PyErr_Clear();
-                Py_RETURN_NONE;
-            }
-        } else {
-            Py_RETURN_NONE;
-        }
+        if (!exact_number(tobj, &t)) Py_RETURN_NONE;
         if (!(t >= 0.0)) Py_RETURN_NONE; /* NaN or negative: the general path's ValueError */
         double ms = nearbyint(t * 1000.0); /* the default rounding mode: half to even, as round() */
         if (!(ms < 9007199254740992.0)) Py_RETURN_NONE; /* 2^53 ms and up (and inf) */
