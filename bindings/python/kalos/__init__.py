@@ -591,9 +591,10 @@ class Kalos:
         # Fast path (the call whose overhead is budgeted): a 1-D C-contiguous, aligned float32
         # query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
         # its C frame checks the query, k, the scope (`namespace`, or `namespaces` as a list or
-        # tuple; a filter), the recency weighting and the timeout and makes the call; it returns None when
-        # they do not qualify or the frame is busy, and the general path below runs. Without it,
-        # the ctypes fast path (elif) does the same in Python for unscoped calls.
+        # tuple; a filter), the recency weighting and the timeout and makes the call; it returns
+        # None when they do not qualify or the frame is busy, and the general path below runs.
+        # Without it, the ctypes fast path (elif) does the same in Python for plain calls.
+        plain = namespace is None and namespaces is None and filter is None and not recency_weight and timeout is None
         if (
             (namespace is None or namespaces is None)
             and not read_your_writes
@@ -605,7 +606,7 @@ class Kalos:
                     fc = self._tls.fastcall
                 except AttributeError:
                     fc = self._tls.fastcall = _FASTCALL(_Frame(self._h))
-                if namespace is None and namespaces is None and filter is None and not recency_weight and timeout is None:
+                if plain:
                     r = fc(self, query, k)
                 elif namespaces is None or namespaces.__class__ is list or namespaces.__class__ is tuple:
                     if filter is not None:
@@ -621,11 +622,7 @@ class Kalos:
                         raise self._closed_error()
                     _check(r)
             elif (
-                namespace is None
-                and namespaces is None
-                and filter is None
-                and not recency_weight
-                and timeout is None
+                plain
                 and type(query) is _NDARRAY
                 and query.dtype is _F32
                 and query.ndim == 1

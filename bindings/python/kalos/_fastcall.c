@@ -15,17 +15,20 @@
  * layout numpy's own PyArray_DATA/NDIM/DIMS/DESCR/FLAGS accessors read); kalos/_fastpath.py
  * verifies that layout with probe() at import and uses the ctypes path when it does not hold.
  *
- * Frame(owner, query, k[, namespaces, filter[, recency_weight, half_life[, timeout]]]) scopes the recall
- * through the frame's own kalos_recall_params (owned by `keep`, like the args struct):
- * namespaces None, an int in 0..2^64-1 (one namespace) or a list or tuple of 1 to ns_cap such
- * ints, copied into the frame's namespace buffer; filter None or a bytes object (a filter
- * expression's binary form, borrowed for the call; the library validates it); recency_weight a
- * float or int, 0 for none (then half_life is not read), else stored as the struct's float with
- * half_life (None, a float or an int: seconds) in ms, as kalos/__init__.py's general path does;
- * the library validates both; timeout None (the handle's default) or seconds as a float or an
- * int, stored in ms as kalos/__init__.py's _ms does (rounded half to even, at least 1 ms when
- * positive). The args struct's `params`
- * points at that struct for a scoped call and is NULL otherwise.
+ * Frame(owner, query, k[, namespaces, filter[, recency_weight, half_life[, timeout]]]) scopes
+ * the recall through the frame's own kalos_recall_params (owned by `keep`, like the args
+ * struct):
+ *   namespaces      None, an int in 0..2^64-1 (one namespace) or a list or tuple of 1 to ns_cap
+ *                   such ints, copied into the frame's namespace buffer;
+ *   filter          None or a bytes object (a filter expression's binary form, borrowed for the
+ *                   call; the library validates it);
+ *   recency_weight  a float or an int, 0 for none (then half_life is not read), else stored as
+ *                   the struct's float with half_life (None, a float or an int: seconds) in ms,
+ *                   as kalos/__init__.py's general path does; the library validates both;
+ *   timeout         None (the handle's default) or seconds as a float or an int, stored in ms
+ *                   as kalos/__init__.py's _ms does (rounded half to even, at least 1 ms when
+ *                   positive).
+ * The args struct's `params` points at that struct for a scoped call and is NULL otherwise.
  *
  * A call returns:
  *   (ids, scores)  fresh uint64 and float32 arrays of the hits (copies, never the buffers);
@@ -36,9 +39,8 @@
  *                  exactly a float or an int, or half_life (read when the weight is not 0) not
  *                  None or exactly a float or an int, or too large for a double; timeout not
  *                  None or a non-negative float or int below 2^53 ms (NaN, negative and other
- *                  values raise or convert on the general path); or the frame
- *                  is in use by a
- *                  call further up this thread's stack (a finalizer or signal handler run
+ *                  values raise or convert on the general path); or the frame is in use by
+ *                  a call further up this thread's stack (a finalizer or signal handler run
  *                  during the copy-out). The caller takes its general path;
  *   -1             the owner is closing (its `_closing` is true): nothing was called;
  *   a status > 0   kalos_recall_with failed with it (the library's message is in
@@ -86,7 +88,8 @@ typedef struct {
     char *params;       /* the frame's kalos_recall_params */
     uint64_t *ns;       /* the namespace buffer its `namespaces` points at in a call with some */
     Py_ssize_t ns_cap;  /* its length */
-    Py_ssize_t off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl, off_to; /* into the params struct */
+    /* offsets into the params struct */
+    Py_ssize_t off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl, off_to;
     PyObject *nd_type;  /* numpy.ndarray */
     PyObject *f32;      /* numpy.dtype(numpy.float32) */
     PyObject *empty;    /* numpy.empty */
@@ -124,8 +127,9 @@ static PyObject *empty_args(PyObject *buf, Py_ssize_t count) {
 
 /* Frame(keep, args_addr, fn_addr, off_query, off_query_len, off_k, off_count, ids, scores,
  *       cap, ndarray, float32_dtype, numpy_empty, off_params, params_addr, ns_addr, ns_cap,
- *       off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl, off_to): ids and scores are C-contiguous
- *       ndarrays of cap uint64 and float32 entries, the buffers the struct points to;
+ *       off_ns, off_ns_len, off_filter, off_filter_len, off_rw, off_hl, off_to): ids and
+ *       scores are C-contiguous ndarrays of cap uint64 and float32 entries, the buffers the
+ *       struct points to;
  *       params_addr is an initialised kalos_recall_params, ns_addr the address of ns_cap
  *       uint64s (8-aligned). */
 static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
@@ -151,8 +155,8 @@ static PyObject *frame_new(PyTypeObject *tp, PyObject *a, PyObject *kw) {
     if (!params && PyErr_Occurred()) return NULL;
     void *ns = PyLong_AsVoidPtr(ns_addr);
     if (!ns && PyErr_Occurred()) return NULL;
-    if (!args || !fn || !params || !ns || oq < 0 || oql < 0 || ok < 0 || oc < 0 || op < 0 || nsc <= 0 || on < 0 || onl < 0 || of < 0 ||
-        ofl < 0 || orw < 0 || ohl < 0 || oto < 0 || cap <= 0 || ((uintptr_t)ns & 7u)) {
+    if (!args || !fn || !params || !ns || oq < 0 || oql < 0 || ok < 0 || oc < 0 || op < 0 || on < 0 || onl < 0 ||
+        of < 0 || ofl < 0 || orw < 0 || ohl < 0 || oto < 0 || cap <= 0 || nsc <= 0 || ((uintptr_t)ns & 7u)) {
         PyErr_SetString(PyExc_ValueError, "Frame: null or misaligned address, negative offset or empty buffers");
         return NULL;
     }
@@ -236,8 +240,8 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     Frame *f = (Frame *)self;
     Py_ssize_t na = PyTuple_Size(a);
     if (kw || (na != 3 && na != 5 && na != 7 && na != 8)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "Frame call takes (owner, query, k[, namespaces, filter[, recency_weight, half_life[, timeout]]])");
+        PyErr_SetString(PyExc_TypeError, "Frame call takes (owner, query, k[, namespaces, filter"
+                                         "[, recency_weight, half_life[, timeout]]])");
         return NULL;
     }
     PyObject *owner = PyTuple_GetItem(a, 0);
@@ -352,10 +356,10 @@ static PyObject *frame_call(PyObject *self, PyObject *a, PyObject *kw) {
     if (nsobj == Py_None && fobj == Py_None && w == 0.0 && to_ms == 0) {
         *(char **)(s + f->off_params) = NULL;
     } else {
-        /* The bytes object stays referenced by the caller's argument tuple for the call. */
         /* No namespace: NULL and 0, which the header defines as every namespace. */
         *(uint64_t **)(f->params + f->off_ns) = nns ? f->ns : NULL;
         *(size_t *)(f->params + f->off_ns_len) = (size_t)nns;
+        /* The bytes object stays referenced by the caller's argument tuple for the call. */
         *(const char **)(f->params + f->off_filter) = fdata;
         *(size_t *)(f->params + f->off_filter_len) = (size_t)flen;
         *(float *)(f->params + f->off_rw) = (float)w;

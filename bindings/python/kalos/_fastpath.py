@@ -28,8 +28,9 @@ from . import _ffi
 #: Why :func:`load` returned None ("" when it did not).
 disabled_reason = ""
 
-# The fields a Frame call writes or reads, with the C types _fastcall.c uses for them; of the
-# params struct, the lengths and the two pointers it writes (any ctypes pointer type).
+# The fields a Frame call writes or reads, with the C types _fastcall.c uses for them: of the
+# args struct, and of the params struct (its scalars, and the two pointers: any ctypes pointer
+# type).
 _FIELDS = {
     "query": ctypes.c_void_p,
     "query_len": ctypes.c_size_t,
