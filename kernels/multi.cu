@@ -168,6 +168,9 @@ __device__ __forceinline__ void scan_multi_body(unsigned char* smem, const unsig
     load(cur, 0);
     for (u32 base = r0; base < r1; base += MQ_ROUND) {
         const Rows nxt = rows_at(base + MQ_ROUND);
+        // The best k-th key any block has found bounds every query's answer from below: read
+        // while this round is scored, applied after it (no L2 round trip between barriers).
+        const u32 gb = t < nq ? __ldcg(gbound + t) : 0u;
         float acc[QT][4];
 #pragma unroll
         for (int nt = 0; nt < QT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -219,12 +222,14 @@ __device__ __forceinline__ void scan_multi_body(unsigned char* smem, const unsig
             }
         }
         __syncthreads();
-        // The best k-th key any block has found bounds every query's answer from below.
-        if (t < nq) thr[t] = max(thr[t], __ldcg(gbound + t));
-        for (u32 q = 0; q < nq; q++)
-            if (cnt[q] > MQ_CAP - MQ_ROUND)
-                mq_compact(bkey + q * MQ_CAP, brow + q * MQ_CAP, cnt + q, thr + q, k, T.ids, okey, orow, gbound + q, S);
-        __syncthreads();
+        if (t < nq) thr[t] = max(thr[t], gb);
+        // One barrier tells every thread whether a query's candidates could overflow in the
+        // next round (it also orders these reads of cnt before the next round's appends).
+        if (__syncthreads_or(t < nq && cnt[t] > MQ_CAP - MQ_ROUND)) {
+            for (u32 q = 0; q < nq; q++)
+                if (cnt[q] > MQ_CAP - MQ_ROUND)
+                    mq_compact(bkey + q * MQ_CAP, brow + q * MQ_CAP, cnt + q, thr + q, k, T.ids, okey, orow, gbound + q, S);
+        }
     }
 
     // Each query's top k of this block into its fixed slots (key 0 pads a short list).
