@@ -22,6 +22,11 @@ an overhead is the median over blocks of (variant block p50 − C block p50). Va
 * Python latencies include one ``time.perf_counter_ns()`` pair (~50 ns), C ones one
   ``clock_gettime`` pair.
 
+With ``--payloads`` every row is stored with a payload of about 200 bytes and every variant asks
+for the hits' payloads: ``kv.recall(q, k, payloads=True)``, and the C and bare ctypes calls go
+through ``kalos_recall_payloads`` into a 1 MiB buffer (the ``ctypes`` variant is then the
+package's general path, which payload recalls took before the C extension served them).
+
 With ``--namespace NS`` every variant recalls scoped to namespace NS (the server's rows are all
 in namespace 0, so NS = 0 scopes without changing the answer): ``kv.recall(q, k, namespace=NS)``,
 and the C and bare ctypes calls pass a ``kalos_recall_params`` holding NS.
@@ -40,7 +45,7 @@ there first, else ``py`` is the ctypes fast path (the script says so):
 Usage (from the repository root, after ``cargo build --release``; needs gcc):
 
     python examples/python/bench_overhead.py [--n 100] [--dim 64] [--k 10] [--blocks 200] [--block 500]
-                                             [--baseline DIR] [--namespace NS]
+                                             [--baseline DIR] [--namespace NS] [--payloads]
 """
 
 from __future__ import annotations
@@ -92,13 +97,18 @@ def load_baseline(pkg_dir: Path):
 
 
 def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: int, cbench, kv_base=None,
-                  namespace=None) -> dict:
+                  namespace=None, payloads=False) -> dict:
     clock = time.perf_counter_ns
     fn = _ffi.lib.kalos_recall
     ids = np.empty(k, np.uint64)
     sc = np.empty(k, np.float32)
     cnt = np.empty(1, np.uintp)
     h, qa, ia, sa, ca, d = kv._h, q.ctypes.data, ids.ctypes.data, sc.ctypes.data, cnt.ctypes.data, q.shape[0]
+    # --payloads: every side asks for the hits' payloads too (C: kalos_recall_payloads).
+    pbuf = np.empty(1 << 20, np.uint8)
+    plens = np.empty(k, np.uint32)
+    needed = np.empty(1, np.uintp)
+    c_args = (pbuf.ctypes.data, pbuf.shape[0], plens.ctypes.data) if payloads else ()
     fast = kalos._FASTCALL
     params = None
     if namespace is not None:
@@ -110,7 +120,10 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
         params = ctypes.byref(p)
 
     def scoped(recall):
-        return recall if namespace is None else (lambda q_, k_: recall(q_, k_, namespace=namespace))
+        kw = {} if namespace is None else {"namespace": namespace}
+        if payloads:
+            kw["payloads"] = True
+        return (lambda q_, k_: recall(q_, k_, **kw)) if kw else recall
 
     # (name, callable, value of kalos._FASTCALL while it runs)
     timed = [("py", scoped(kv.recall), fast)]
@@ -126,7 +139,7 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
             f(q, k)
     try:
         for b in range(blocks):
-            rc = cbench(h, qa, d, k, block, params, ia, sa, c_lat.ctypes.data)
+            rc = cbench(h, qa, d, k, block, params, ia, sa, c_lat.ctypes.data, *c_args)
             assert rc == 0, rc
             lat["c"][b] = c_lat
             r = b % len(timed)
@@ -138,10 +151,18 @@ def paired_blocks(kv: kalos.Kalos, q: np.ndarray, k: int, blocks: int, block: in
                     f(q, k)
                     out[i] = clock() - t0
             out = lat["raw"][b]
-            for i in range(block):
-                t0 = clock()
-                fn(h, qa, d, k, params, ia, k, sa, k, ca)
-                out[i] = clock() - t0
+            if payloads:
+                fp = _ffi.lib.kalos_recall_payloads
+                ba, bl, la, na = pbuf.ctypes.data, pbuf.shape[0], plens.ctypes.data, needed.ctypes.data
+                for i in range(block):
+                    t0 = clock()
+                    fp(h, qa, d, k, params, ia, k, sa, k, ba, bl, la, k, ca, na)
+                    out[i] = clock() - t0
+            else:
+                for i in range(block):
+                    t0 = clock()
+                    fn(h, qa, d, k, params, ia, k, sa, k, ca)
+                    out[i] = clock() - t0
     finally:
         kalos._FASTCALL = fast
     p50 = {name: np.median(v, axis=1) for name, v in lat.items()}  # per block
@@ -185,18 +206,23 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here as JSON")
     ap.add_argument("--baseline", type=Path, help="directory holding another kalos package (DIR/kalos) to time alongside")
     ap.add_argument("--namespace", type=int, help="scope every recall to this namespace (the rows are in 0)")
+    ap.add_argument("--payloads", action="store_true",
+                    help="every row gets a payload of about 200 bytes and every variant asks for the hits' payloads")
     a = ap.parse_args()
     base_mod = load_baseline(a.baseline) if a.baseline else None
 
     tmp = Path(tempfile.mkdtemp(prefix="kalos-bench-"))
     exe = build_c(tmp, shared=False)
     clib = ctypes.CDLL(str(build_c(tmp, shared=True)))
-    cbench = clib.kalos_bench_recall
+    cbench = clib.kalos_bench_recall_payloads if a.payloads else clib.kalos_bench_recall
     cbench.restype = ctypes.c_int32
     cbench.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    if a.payloads:
+        cbench.argtypes += [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     rng = np.random.default_rng(0)
-    np.save(tmp / "v.npy", rng.standard_normal((a.n, a.dim)).astype(np.float32))
+    vecs = rng.standard_normal((a.n, a.dim)).astype(np.float32)
+    np.save(tmp / "v.npy", vecs)
     name = f"bench-overhead-{os.getpid()}"
     kalosd = Path(kalos.library_path).resolve().parent / "kalosd"
     srv = subprocess.Popen(
@@ -213,10 +239,13 @@ def main() -> None:
         out = subprocess.run([str(exe), name, str(a.iters), str(a.k)], check=True, capture_output=True, text=True).stdout
         standalone = {kk: int(v) for kk, v in (x.split("=") for x in out.split()) if kk.startswith("c_")}
         with kalos.open(name, role="client") as kv:
+            if a.payloads:  # the same rows again, now with payloads
+                kv.upsert(np.arange(a.n, dtype=np.uint64), vecs,
+                          payloads=[f"memory {i}: " + "the user said something worth remembering. " * 4 for i in range(a.n)])
             engine = kv.stats()["engine_name"]
             kv_base = base_mod.open(name, role="client") if base_mod else None
             try:
-                med = paired_blocks(kv, q, a.k, a.blocks, a.block, cbench, kv_base, a.namespace)
+                med = paired_blocks(kv, q, a.k, a.blocks, a.block, cbench, kv_base, a.namespace, a.payloads)
             finally:
                 if kv_base is not None:
                     kv_base.close()
@@ -229,6 +258,7 @@ def main() -> None:
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
         "python": platform.python_version(), "numpy": np.__version__, "engine": engine,
         "n": a.n, "dim": a.dim, "k": a.k, "blocks": a.blocks, "block": a.block, "namespace": a.namespace,
+        "payloads": a.payloads,
         "fastcall": kalos._FASTCALL is not None, "paired": med, "standalone_c_program": standalone,
     }
     if a.baseline:

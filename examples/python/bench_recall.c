@@ -40,6 +40,22 @@ kalos_status kalos_bench_recall(const kalos_handle *h, const float *q, uint32_t 
     return KALOS_OK;
 }
 
+/* As kalos_bench_recall, through kalos_recall_payloads with a payload buffer of `buf_len` bytes
+ * at `buf` and k lengths at `lens` (bench_overhead.py --payloads). */
+kalos_status kalos_bench_recall_payloads(const kalos_handle *h, const float *q, uint32_t dim, uint32_t k, int iters,
+                                         const kalos_recall_params *p, uint64_t *ids, float *scores, uint64_t *lat,
+                                         uint8_t *buf, size_t buf_len, uint32_t *lens) {
+    size_t count = 0, needed = 0;
+    for (int i = 0; i < iters; i++) {
+        uint64_t t0 = now_ns();
+        kalos_status st =
+            kalos_recall_payloads(h, q, dim, k, p, ids, k, scores, k, buf, buf_len, lens, k, &count, &needed);
+        lat[i] = now_ns() - t0;
+        if (st != KALOS_OK) return st;
+    }
+    return KALOS_OK;
+}
+
 #ifndef BENCH_LIB
 int main(int argc, char **argv) {
     if (argc < 4) {

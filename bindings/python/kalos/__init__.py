@@ -583,17 +583,13 @@ class Kalos:
             (cosine/ip: higher is better; l2: squared distance, lower is better), and
             ``payloads`` as a third item when asked for.
         """
-        if payloads:
-            return self._recall_payloads(
-                query, k, namespace, namespaces, recency_weight, half_life, timeout, filter,
-                read_your_writes, allow_stale, min_seqs,
-            )
         # Fast path (the call whose overhead is budgeted): a 1-D C-contiguous, aligned float32
         # query, and a per-thread pre-built argument frame (see _Frame). With kalos._fastcall,
         # its C frame checks the query, k, the scope (`namespace`, or `namespaces` as a list or
-        # tuple; a filter), the recency weighting and the timeout and makes the call; it returns
-        # None when they do not qualify or the frame is busy, and the general path below runs.
-        # Without it, the ctypes fast path (elif) does the same in Python for plain calls.
+        # tuple; a filter), the recency weighting and the timeout and makes the call (with
+        # payloads: Frame.payloads); it returns None when they do not qualify or the frame is
+        # busy, and the general path below runs. Without it, the ctypes fast path (elif) does
+        # the same in Python for plain calls without payloads.
         plain = namespace is None and namespaces is None and filter is None and not recency_weight and timeout is None
         if (
             (namespace is None or namespaces is None)
@@ -606,13 +602,16 @@ class Kalos:
                     fc = self._tls.fastcall
                 except AttributeError:
                     fc = self._tls.fastcall = _FASTCALL(_Frame(self._h))
-                if plain:
+                if plain and not payloads:
                     r = fc(self, query, k)
                 elif namespaces is None or namespaces.__class__ is list or namespaces.__class__ is tuple:
                     if filter is not None:
                         filter = _filter_bytes(filter)
                     ns = namespaces if namespace is None else namespace
-                    r = fc(self, query, k, ns, filter, recency_weight, half_life, timeout)
+                    if payloads:
+                        r = fc.payloads(self, query, k, ns, filter, recency_weight, half_life, timeout)
+                    else:
+                        r = fc(self, query, k, ns, filter, recency_weight, half_life, timeout)
                 else:
                     r = None
                 if r.__class__ is tuple:
@@ -623,6 +622,7 @@ class Kalos:
                     _check(r)
             elif (
                 plain
+                and not payloads
                 and type(query) is _NDARRAY
                 and query.dtype is _F32
                 and query.ndim == 1
@@ -659,6 +659,11 @@ class Kalos:
                         return f.ids_c.copy(), f.scores_c.copy()
                     finally:
                         f.busy = False
+        if payloads:
+            return self._recall_payloads(
+                query, k, namespace, namespaces, recency_weight, half_life, timeout, filter,
+                read_your_writes, allow_stale, min_seqs,
+            )
         # General path: filters, recency, per-call timeout, cluster options, any array-like query.
         k = _index(k, "k")
         q = _f32_1d(query)

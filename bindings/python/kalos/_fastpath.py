@@ -9,7 +9,7 @@ about 0.6 µs slower per call. :data:`disabled_reason` says why it is None:
 * ``KALOS_PY_FASTCALL=0`` in the environment;
 * the extension is not installed (a source install where it could not be compiled: setup.py
   builds it as optional);
-* the ``kalos_recall_args`` fields it writes do not have the types it writes them with;
+* the ``kalos_recall_args`` fields it writes or reads do not have the types it uses for them;
 * it reads an ndarray's header differently from numpy's own attributes (a numpy whose array
   layout differs from the one ``_fastcall.c`` mirrors).
 """
@@ -32,6 +32,7 @@ disabled_reason = ""
 # args struct, and of the params struct (its scalars, and the two pointers: any ctypes pointer
 # type).
 _FIELDS = {
+    "handle": ctypes.c_void_p,
     "query": ctypes.c_void_p,
     "query_len": ctypes.c_size_t,
     "k": ctypes.c_uint32,
@@ -107,6 +108,8 @@ def load() -> Optional[Callable[[Any], Any]]:
         return None
 
     fn = ctypes.cast(_ffi.lib_raw.kalos_recall_with, ctypes.c_void_p).value
+    payloads_fn = ctypes.cast(_ffi.lib_raw.kalos_recall_payloads, ctypes.c_void_p).value
+    too_small = _ffi.STATUS_CODES["BUFFER_TOO_SMALL"]
     offsets = (A.query.offset, A.query_len.offset, A.k.offset, A.count.offset)
     scope_offsets = (
         P.namespaces.offset, P.namespaces_len.offset, P.filter.offset, P.filter_len.offset,
@@ -127,6 +130,7 @@ def load() -> Optional[Callable[[Any], Any]]:
         return new(
             frame, ctypes.addressof(frame.a), fn, *offsets, ids, scores, cap, np.ndarray, f32, empty,
             A.params.offset, ctypes.addressof(frame.p), ns.ctypes.data, ns.shape[0], *scope_offsets,
+            payloads_fn, A.handle.offset, too_small,
         )
 
     return wrap

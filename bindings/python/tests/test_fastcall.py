@@ -100,7 +100,9 @@ def _same(a, b, messages=True, score_rtol=0):
         assert ia.dtype == ib.dtype == np.uint64 and sa.dtype == sb.dtype == np.float32
         np.testing.assert_array_equal(ia, ib)
         if score_rtol:
-            np.testing.assert_allclose(sa, sb, rtol=score_rtol)
+            # Recency-weighted scores move with the clock between the two calls: relative to
+            # the score, or absolutely for a score near 0.
+            np.testing.assert_allclose(sa, sb, rtol=score_rtol, atol=1e-5)
         else:
             np.testing.assert_array_equal(sa, sb)
     else:
@@ -273,6 +275,66 @@ def test_scoped_results_equal_the_general_path(name):
             plain = kv.recall(q, k)
             _same(("ok", plain), ("ok", _ctypes_path(kv, q, k)))
             assert len(plain[0]) == min(k, n)
+
+
+def _same_with_payloads(a, b):
+    assert a[0] == b[0], (a, b)
+    if a[0] == "ok":
+        _same(("ok", a[1][:2]), ("ok", b[1][:2]))
+        assert type(a[1][2]) is list and a[1][2] == b[1][2]
+        assert all(p is None or type(p) is bytes for p in a[1][2])
+    else:
+        assert a[1] is b[1] and a[2] == b[2], (a, b)
+
+
+@needs_fastcall
+def test_payload_recalls_equal_the_general_path(name):
+    """recall(..., payloads=True) runs in the C frame (Frame.payloads answers directly) for the
+    scopes a plain recall takes there, and returns what the general path returns: hits without
+    a payload, empty ones, and answers larger than the frame's first 64 KiB buffer (which
+    grows); errors, and inputs the frame leaves to the general path, give the same outcome."""
+    from kalos import filters as F
+
+    rng = np.random.default_rng(43)
+    d, n = 8, 600
+    sizes = [None, 0, 1, 100, 5000, 12_000]  # bytes (None: no payload)
+    pl = [None if sizes[i % 6] is None else rng.integers(0, 256, sizes[i % 6], dtype=np.uint8).tobytes() for i in range(n)]
+    with kalos.open(name, dim=d, role="server", backend="cpu") as kv:
+        kv.upsert(np.arange(1, n + 1), rng.standard_normal((n, d)), namespaces=np.arange(n) % 3, payloads=pl,
+                  metadata=[{"n": i % 100} for i in range(n)])
+        scopes = [{}, {"namespace": 1}, {"namespaces": [0, 2]}, {"namespaces": (2,)}, {"filter": F.lt("n", 40)},
+                  {"filter": {"n": {"$gte": 90}}, "namespace": 0}, {"filter": F.eq("n", 1000).encode()},
+                  {"recency_weight": 0.3, "half_life": 600.0}, {"timeout": 5.0}]
+        for i in range(40):
+            q = rng.standard_normal(d).astype(np.float32)
+            k = [1, 3, 10, 40, 60][i % 5]
+            kw = scopes[i % len(scopes)]
+            fast = kv.recall(q, k, payloads=True, **kw)
+            fc = kv._tls.fastcall
+            ns = kw.get("namespaces", kw.get("namespace"))
+            flt = kw.get("filter")
+            direct = fc.payloads(kv, q, k, ns, None if flt is None else kalos._filter_bytes(flt),
+                                 kw.get("recency_weight", 0.0), kw.get("half_life"), kw.get("timeout"))
+            assert type(direct) is tuple and len(direct) == 3, kw
+            general = _ctypes_path(kv, q, k, payloads=True, **kw)
+            rtol = 1e-4 if "recency_weight" in kw else 0
+            for other in (direct, general):
+                _same(("ok", fast[:2]), ("ok", other[:2]), score_rtol=rtol)
+                assert fast[2] == other[2]
+            assert fast[2] == [pl[int(i) - 1] for i in fast[0]]
+        # 100 hits of 12 KB: over the response slot's 1 MiB, the same TooLargeError on both paths
+        _same_with_payloads(_outcome(lambda: kv.recall(q, 1024, payloads=True)),
+                            _outcome(lambda: _ctypes_path(kv, q, 1024, payloads=True)))
+        for args, kw in [((np.ones(4, np.float32), 5), {}), ((q, 0), {}), ((q, 1025), {}), ((q, 5), {"namespace": -1}),
+                         ((q, 5), {"namespaces": np.array([1], np.uint64)}), ((q, 5), {"filter": b"\x01"}),
+                         ((q.astype(np.float64), 5), {}), ((q, 5), {"timeout": -1}), ((q, 5), {"allow_stale": True}),
+                         ((np.full(d, np.nan, np.float32), 5), {})]:
+            _same_with_payloads(_outcome(lambda: kv.recall(*args, payloads=True, **kw)),
+                                _outcome(lambda: _ctypes_path(kv, *args, payloads=True, **kw)))
+        assert kv._active == [] and not fc.busy
+    with pytest.raises(kalos.ClosedError, match="CLOSED"):
+        kv.recall(q, 5, payloads=True)
+    assert kv._active == []
 
 
 BAD_NAMESPACES = [-1, 2**64, 2**80, np.uint64(3), np.int64(2), True, 3.0, "3"]
@@ -545,6 +607,10 @@ def test_no_reference_leaks(kv):
     for _ in range(300):  # scoped calls
         ids, sc = kv.recall(q, 2, namespace=0, filter=fb)
         del ids, sc
+    assert sys.getrefcount(fb) == rf
+    for _ in range(300):  # payload calls
+        ids, sc, pls = kv.recall(q, 3, namespace=0, filter=fb, payloads=True)
+        del ids, sc, pls
     assert sys.getrefcount(fb) == rf
     gc.collect()
     after = (sys.getrefcount(q), sys.getrefcount(kv), sys.getrefcount(fc), sys.getrefcount(kv._active))
