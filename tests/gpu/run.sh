@@ -3,8 +3,8 @@
 # Expects, next to this script (tests/gpu/stage.sh puts them in .gpu/): libkalos.so (release
 # build), kalos_ct.py, correctness.py, bench.py, python/kalos (the Python package) and c_harness
 # (the multi-process C harness from tests/c/).
-# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi|filter|int8|shards]...
-# (default: all but breakdown, concurrency and multi). Logs go to $OUT.
+# Usage: bash run.sh [doctor|correctness|probe|breakdown|bench|harness|concurrency|multi|ncu|filter|int8|shards]...
+# (default: all but breakdown, concurrency, multi and ncu). Logs go to $OUT.
 # doctor: kalosd doctor, a compile of every kernel variant with the machine's own NVRTC
 # (kalosd doctor --compile), and kalosd serve --backend cuda answering a recall.
 # probe: gpu_probe (examples/gpu_probe.rs), the batch engine in-process under the settings in
@@ -14,6 +14,8 @@
 # its header); $OUT/concurrency.json and concurrency.png.
 # multi: multi_bench.py, one client sending batches of Q = 1..64 queries, the cost of each Q
 # against one query, torch on the same table beside it (MB_* settings in its header).
+# ncu: ncu.sh, Nsight Compute profiles of the single-query scan and the multi-query pass at
+# 1M x 768 f16 (NCU_Q, NCU_KERNELS), summarised in $OUT/ncu_summary.txt.
 # filter: filter_bench.py, 1M x 768 f16 recalls under filters matching 50% .. 0.01% of rows,
 # torch mask-then-topk beside them, and the engine's filtered-search phases (FB_ARGS).
 # int8: int8_bench.py, the int8 scan against the exact scan and torch at 1M x 768 f16 (INT8_ARGS);
@@ -43,7 +45,7 @@ cd "$HERE"
 head -3 "$OUT/env.txt"
 RC=0
 D_RES="not run"; C_RES="not run"; P_RES="not run"; B_RES="not run"; H_RES="not run"; N_RES="not run"; M_RES="not run"
-F_RES="not run"; I_RES="not run"; S_RES="not run"
+F_RES="not run"; I_RES="not run"; S_RES="not run"; U_RES="not run"
 if [[ " $WHAT " == *" doctor "* ]]; then
   ./kalosd doctor --compile > "$OUT/doctor.log" 2>&1; r=$?
   grep -vE "^FAIL|^ " "$OUT/doctor.log" | head -12
@@ -113,6 +115,11 @@ if [[ " $WHAT " == *" multi "* ]]; then
   grep -vE "^READY" "$OUT/multi_bench.log" | cut -c1-300 | tail -24
   M_RES="rc=$r"; [ $r -ne 0 ] && RC=1
 fi
+if [[ " $WHAT " == *" ncu "* ]]; then
+  bash ncu.sh > "$OUT/ncu.log" 2>&1; r=$?
+  tail -60 "$OUT/ncu.log" | cut -c1-200
+  U_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+fi
 if [[ " $WHAT " == *" filter "* ]]; then
   timeout ${T_FILTER:-200} python3 filter_bench.py ${FB_ARGS:---backend cuda --n 1000000 --dim 768 --dtype f16 --queries 500} > "$OUT/filter_bench.log" 2>&1; r=$?
   grep -E "^(\||engine)|filtered searches|Error" "$OUT/filter_bench.log" | cut -c1-300
@@ -136,6 +143,7 @@ echo "bench:       $B_RES"
 echo "C harness:   $H_RES"
 echo "concurrency: $N_RES"
 echo "multi:       $M_RES"
+echo "ncu:         $U_RES"
 echo "filter:      $F_RES"
 echo "int8:        $I_RES"
 echo "shards:      $S_RES"
