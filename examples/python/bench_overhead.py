@@ -24,8 +24,8 @@ an overhead is the median over blocks of (variant block p50 − C block p50). Va
 
 With ``--payloads`` every row is stored with a payload of about 200 bytes and every variant asks
 for the hits' payloads: ``kv.recall(q, k, payloads=True)``, and the C and bare ctypes calls go
-through ``kalos_recall_payloads`` into a 1 MiB buffer (the ``ctypes`` variant is then the
-package's general path, which payload recalls took before the C extension served them).
+through ``kalos_recall_payloads`` into a 1 MiB buffer (the ``ctypes`` variant, with the
+extension switched off, is then the package's general path for payload recalls).
 
 With ``--namespace NS`` every variant recalls scoped to namespace NS (the server's rows are all
 in namespace 0, so NS = 0 scopes without changing the answer): ``kv.recall(q, k, namespace=NS)``,

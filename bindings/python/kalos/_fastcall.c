@@ -521,6 +521,7 @@ static PyObject *frame_payloads(PyObject *self, PyObject *a) {
     uint64_t *ids_buf = (uint64_t *)((np_fields *)f->ids)->data;
     float *scores_buf = (float *)((np_fields *)f->scores)->data;
     int32_t rc = 0;
+    int nomem = 0;
     for (int i = 0; i < PAYLOAD_TRIES; i++) {
         recall_payloads_fn fn = f->payloads_fn;
         uint8_t *buf = f->pbuf;
@@ -534,19 +535,17 @@ static PyObject *frame_payloads(PyObject *self, PyObject *a) {
         size_t grown = needed > 2 * f->pcap ? needed : 2 * f->pcap;
         uint8_t *nb = PyMem_Realloc(f->pbuf, grown);
         if (!nb) {
-            active_pop(p.active);
-            Py_DECREF(p.active);
-            f->busy = 0;
-            return PyErr_NoMemory();
+            nomem = 1;
+            break;
         }
         f->pbuf = nb;
         f->pcap = grown;
     }
     active_pop(p.active);
     Py_DECREF(p.active);
-    if (rc != 0) {
+    if (nomem || rc != 0) {
         f->busy = 0;
-        return PyLong_FromLong(rc);
+        return nomem ? PyErr_NoMemory() : PyLong_FromLong(rc);
     }
     PyObject *ids = NULL, *scores = NULL, *list = NULL, *out = NULL;
     Py_ssize_t c = (Py_ssize_t)count;
