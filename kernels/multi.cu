@@ -33,6 +33,7 @@ static_assert(MQ_OUT_STRIDE >= 8 + 12 * MQ_KMAX && MQ_OUT_STRIDE % 8 == 0, "mult
 #define MQ_QS (MQ_DPM % 64 == 0 ? MQ_DPM + 32 : MQ_DPM)
 #define MQ_NJ (MQ_DPM / 32)           // steps of 32 elements per row
 #define MQ_JB 4                       // steps loaded ahead (16-byte loads per lane per row)
+#define MQ_WARP_RANK 64               // at most this many candidates: a query's final rank by one warp
 
 // Input (device memory, written by the host per pass): Params (the shared filter, n, k, grid,
 // chunk), then qscale[MQ_MAXQ], qnorm[MQ_MAXQ], then the queries as f32, nq x DP (zero-padded).
@@ -73,11 +74,26 @@ __device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, 
 // the compaction output (MQ_KMAX keys and rows), then thr, cnt, qscale, qnorm (QN each).
 
 // Compacts query q's candidates to its top k (sorted) and raises its bounds; every thread.
+// For k <= BOUND_K the k-th largest maximum of the 8-slot groups bounds the k-th key from below:
+// only the candidates at or above it (usually about k of MQ_CAP) are ranked.
 __device__ __forceinline__ void mq_compact(u32* bkey, u32* brow, u32* cnt, u32* thr, u32 k, const u64* ids, u32* okey,
                                            u32* orow, u32* gbound, SelShared& S) {
     const u32 t = threadIdx.x;
-    const u32 c = *cnt;
+    u32 c = *cnt;
     __syncthreads();
+    if (k <= BOUND_K && c > 2 * BOUND_K) {
+        const u32 kk = t < c ? bkey[t] : 0u;  // c <= MQ_CAP <= NT: one candidate a thread
+        const u32 rr = t < c ? brow[t] : 0u;
+        if (t == 0) S.cnt = 0;
+        const u32 lo = max(group_max_bound(kk, k, S), 1u);  // its barriers order the reads above
+        if (kk >= lo) {
+            const u32 p = atomicAdd(&S.cnt, 1u);
+            bkey[p] = kk;
+            brow[p] = rr;
+        }
+        __syncthreads();
+        c = S.cnt;
+    }
     const u32 got = rank_select(bkey, brow, 0u, c, k, ids, okey, orow);
     for (u32 i = t; i < got; i += NT) {
         bkey[i] = okey[i];
@@ -232,9 +248,46 @@ __device__ __forceinline__ void scan_multi_body(unsigned char* smem, const unsig
         }
     }
 
-    // Each query's top k of this block into its fixed slots (key 0 pads a short list).
+    // Each query's top k of this block into its fixed slots (key 0 pads a short list), with its
+    // k-th key raising the query's bound for the merge. A query left with at most MQ_WARP_RANK
+    // candidates (the usual case) is ranked by one warp, several queries at once; more go through
+    // the block-wide compaction.
     const u32 stride = (P.grid * k + 3u) & ~3u;  // 16-byte aligned lists (merge_flat's loads)
+    for (u32 q = warp; q < nq; q += NT / 32) {
+        const u32 c = cnt[q];
+        if (c > MQ_WARP_RANK) continue;
+        const u32* qk = bkey + q * MQ_CAP;
+        const u32* qr = brow + q * MQ_CAP;
+        u32* ok = cand_key + q * stride + b * k;
+        u32* orow2 = cand_row + q * stride + b * k;
+        // Every key here is nonzero and every row distinct: the ranks (key desc, then lower id)
+        // are 0 .. c - 1, so the first min(c, k) slots are filled.
+        for (u32 i = lane; i < c; i += 32) {
+            const u32 kk = qk[i], row = qr[i];
+            u32 r = 0, eq = 0;
+            for (u32 j = 0; j < c; j++) {
+                const u32 kj = qk[j];
+                r += kj > kk ? 1u : 0u;
+                eq += (kj == kk && j != i) ? 1u : 0u;
+            }
+            if (eq && r < k) {
+                const u64 id = T.ids[row];
+                for (u32 j = 0; j < c; j++)
+                    if (j != i && qk[j] == kk && T.ids[qr[j]] < id) r++;
+            }
+            if (r < k) {
+                ok[r] = kk;
+                orow2[r] = row;
+                if (r == k - 1) atomicMax(gbound + q, kk);
+            }
+        }
+        for (u32 i = min(c, k) + lane; i < k; i += 32) {
+            ok[i] = 0u;
+            orow2[i] = 0u;
+        }
+    }
     for (u32 q = 0; q < nq; q++) {
+        if (cnt[q] <= MQ_WARP_RANK) continue;  // the same in every thread: cnt is settled
         mq_compact(bkey + q * MQ_CAP, brow + q * MQ_CAP, cnt + q, thr + q, k, T.ids, okey, orow, gbound + q, S);
         const u32 got = cnt[q];
         for (u32 i = t; i < k; i += NT) {
