@@ -78,8 +78,9 @@ def build_c(tmp: Path, shared: bool) -> Path:
     out = tmp / ("libbench_recall.so" if shared else "bench_recall")
     extra = ["-DBENCH_LIB", "-shared", "-fPIC"] if shared else []
     subprocess.run(
-        ["gcc", "-O2", *extra, "-I", str(ROOT / "include"), str(ROOT / "examples/python/bench_recall.c"),
-         "-L", str(lib.parent), "-lkalos", f"-Wl,-rpath,{lib.parent}", "-o", str(out)],
+        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", *extra, "-I", str(ROOT / "include"),
+         str(ROOT / "examples/python/bench_recall.c"), "-L", str(lib.parent), "-lkalos",
+         f"-Wl,-rpath,{lib.parent}", "-o", str(out)],
         check=True,
     )
     return out

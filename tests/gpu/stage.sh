@@ -12,7 +12,7 @@ cargo build --release --example gpu_probe
 mkdir -p tests/c/build
 gcc -std=c99 -O2 -Wall -Wextra -Werror -Iinclude tests/c/harness.c -L$T/release -lkalos \
   -Wl,-rpath,'$ORIGIN' -lm -o tests/c/build/harness_gpu
-gcc -O2 -Iinclude examples/python/bench_recall.c -L$T/release -lkalos -Wl,-rpath,'$ORIGIN' \
+gcc -O2 -Wall -Wextra -Werror -Iinclude examples/python/bench_recall.c -L$T/release -lkalos -Wl,-rpath,'$ORIGIN' \
   -o tests/c/build/bench_recall_gpu
 gcc -O2 -Wall -Wextra -Werror -Iinclude tests/gpu/conc_client.c -L$T/release -lkalos -Wl,-rpath,'$ORIGIN' \
   -o tests/c/build/conc_client_gpu
