@@ -22,10 +22,10 @@ pub(super) struct Finite<'a> {
     pub(super) base: usize,
 }
 
-/// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
 /// How often a waiting client checks that the server is alive (and not stopped).
 const LIVENESS_STEP: Duration = Duration::from_millis(20);
 
+/// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
 fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
     if spin_ns == 0 {
         return Duration::ZERO;
