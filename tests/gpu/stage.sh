@@ -3,7 +3,8 @@
 # tool carries over: libkalos.so, the C harness, the GPU scripts and the Python package.
 # Then, on the device:  bash .gpu/run.sh [correctness|bench|harness|concurrency]...
 # Options (environment): KALOS_BASE_REV, a revision whose library is staged as .gpu/base/ for
-# before/after runs; KALOS_PEER_WHEELS, a folder of wheels for cpu_host.sh's faiss peer.
+# before/after runs; KALOS_VARIANTS="<name>=<rev> ...", more such revisions, each in .gpu/<name>/;
+# KALOS_PEER_WHEELS, a folder of wheels for cpu_host.sh's faiss peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T="${CARGO_TARGET_DIR:-target}"
@@ -36,17 +37,23 @@ gcc -O2 -Wall -Wextra -Werror -shared -fPIC \
 if [ -n "${KALOS_PEER_WHEELS:-}" ]; then
   mkdir -p .gpu/wheels && cp "$KALOS_PEER_WHEELS"/*.whl .gpu/wheels/
 fi
-# A "before" library for before/after runs (run.sh's KALOS_RUN_LIB): KALOS_BASE_REV=<git rev>
-# builds that revision's libkalos.so in a scratch worktree into .gpu/base/.
-if [ -n "${KALOS_BASE_REV:-}" ]; then
+# Libraries of other revisions for before/after runs (run.sh's KALOS_RUN_LIB), each built in a
+# scratch worktree: KALOS_BASE_REV=<rev> into .gpu/base/, and KALOS_VARIANTS="<name>=<rev> ..."
+# into .gpu/<name>/. Each folder also gets conc_client, which loads the libkalos.so beside it
+# (concurrency.py's CONC_CLIENT), so a change on the client side is measured too.
+stage_rev() {
+  local name="$1" rev="$2" td tmp
   # The same target directory: only the kalos crate is compiled again.
   td="$(realpath "$T")"; tmp="$(mktemp -d)"
-  git worktree add --detach -q "$tmp/base" "$KALOS_BASE_REV"
-  (cd "$tmp/base" && CARGO_TARGET_DIR="$td" cargo build --release --lib)
-  mkdir -p .gpu/base && cp "$td/release/libkalos.so" .gpu/base/ && strip .gpu/base/libkalos.so
-  git rev-parse --short "$KALOS_BASE_REV" > .gpu/base/COMMIT
-  git worktree remove --force "$tmp/base" && rm -rf "$tmp"
-fi
+  git worktree add --detach -q "$tmp/w" "$rev"
+  (cd "$tmp/w" && CARGO_TARGET_DIR="$td" cargo build --release --lib)
+  mkdir -p ".gpu/$name" && cp "$td/release/libkalos.so" ".gpu/$name/" && strip ".gpu/$name/libkalos.so"
+  cp .gpu/conc_client ".gpu/$name/"
+  git rev-parse --short "$rev" > ".gpu/$name/COMMIT"
+  git worktree remove --force "$tmp/w" && rm -rf "$tmp"
+}
+if [ -n "${KALOS_BASE_REV:-}" ]; then stage_rev base "$KALOS_BASE_REV"; fi
+for v in ${KALOS_VARIANTS:-}; do stage_rev "${v%%=*}" "${v#*=}"; done
 # Debug info is most of the size: stripped, two staged builds fit in one device call's carry.
 strip .gpu/libkalos.so .gpu/kalosd .gpu/gpu_probe .gpu/c_harness .gpu/bench_recall .gpu/conc_client
 git rev-parse --short HEAD > .gpu/COMMIT
