@@ -16,6 +16,7 @@
 //! - `recall`: parsing recalls, grouping them into engine calls, their responses.
 //! - `get` (also LIST), `stats`: the other reads; `stats` also keeps the counters.
 //! - `publish`: writing responses into slots and waking clients.
+//! - `report`: `KALOS_SERVER_REPORT`, where the passes' time went.
 //!
 //! Requests and responses are encoded and decoded by [`crate::wire`]; the engine is chosen, and
 //! replaced when the CUDA engine fails, by [`crate::engine::router`].
@@ -28,6 +29,7 @@ mod gather;
 mod get;
 mod publish;
 mod recall;
+mod report;
 mod serve;
 mod stats;
 mod write;
@@ -268,6 +270,8 @@ pub(crate) struct Server {
     router: Router,
     /// The gathering window for concurrent requests.
     gather: gather::Gather,
+    /// `KALOS_SERVER_REPORT`: the passes' phases, printed when the server stops.
+    report: Option<report::PassReport>,
     /// Cluster mode: the replicated log and the other hosts (`cluster.rs`).
     cluster: Option<Arc<dyn Cluster>>,
     /// Cluster mode: per shard, the last log sequence applied to the table.
@@ -313,6 +317,7 @@ impl Server {
             metrics: Metrics::new(),
             router,
             gather: gather::Gather::new(crate::config::tuning_or_default().gather_us.unwrap_or(gather::DEFAULT_GATHER_US)),
+            report: report::PassReport::from_tuning(),
             cluster: None,
             applied: Vec::new(),
             checkpointed: Vec::new(),

@@ -88,7 +88,9 @@ fn release_abandoned(seg: &Segment, slot_i: usize, word: u64) {
 impl Server {
     /// Publishes every answer of `batch` (`results`, in the same order; the batch took
     /// `elapsed_ns`), counts it for stats, and keeps the request buffers for the next batches.
-    pub(super) fn publish_batch(&mut self, batch: Vec<Pending>, results: Vec<Option<Reply>>, elapsed_ns: u64) {
+    /// Returns how many sleeping clients it woke.
+    pub(super) fn publish_batch(&mut self, batch: Vec<Pending>, results: Vec<Option<Reply>>, elapsed_ns: u64) -> u32 {
+        let mut woken = 0u32;
         for (p, r) in batch.into_iter().zip(results) {
             let r = r.unwrap_or_else(|| Reply::error(Status::Internal, "no result"));
             let st = match &r {
@@ -105,11 +107,12 @@ impl Server {
             if p.op() == OP_RECALL {
                 self.metrics.record_latency(elapsed_ns);
             }
-            match r {
+            let woke = match r {
                 Reply::Body(st, body) => self.publish(p.slot, p.word, st, &body),
                 Reply::InSlot(len) => self.finish(p.slot, p.word, Status::Ok, len),
-                Reply::Handed => {}
-            }
+                Reply::Handed => false,
+            };
+            woken += u32::from(woke);
             let mut buf = p.req;
             buf.clear();
             // (A request copied into the mirror leaves an empty vector: nothing to pool.)
@@ -117,18 +120,25 @@ impl Server {
                 self.free_bufs.push(buf);
             }
         }
+        woken
     }
 
-    fn publish(&self, slot_i: usize, word: u64, status: Status, body: &[u8]) {
-        if publish_to(&self.seg, slot_i, word, status, body) {
+    /// Publishes one answer; returns whether it woke a sleeping client.
+    fn publish(&self, slot_i: usize, word: u64, status: Status, body: &[u8]) -> bool {
+        let woke = publish_to(&self.seg, slot_i, word, status, body);
+        if woke {
             self.woke_client.set(true);
         }
+        woke
     }
 
-    fn finish(&self, slot_i: usize, word: u64, status: Status, len: usize) {
-        if finish_in(&self.seg, slot_i, word, status, len) {
+    /// Publishes an answer already in its slot; returns whether it woke a sleeping client.
+    fn finish(&self, slot_i: usize, word: u64, status: Status, len: usize) -> bool {
+        let woke = finish_in(&self.seg, slot_i, word, status, len);
+        if woke {
             self.woke_client.set(true);
         }
+        woke
     }
 
     /// The server stops (`status` SERVER_GONE) or its thread panicked (PANIC): answers every

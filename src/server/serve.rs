@@ -65,11 +65,17 @@ impl Server {
         let mut last_house = Instant::now();
         loop {
             if stop.load(Ordering::Acquire) {
+                if let Some(r) = &self.report {
+                    for line in r.lines() {
+                        eprintln!("{line}");
+                    }
+                }
                 return;
             }
             if self.collect(true) > 0 {
+                let found = Instant::now();
                 self.gather_more();
-                self.process_batch();
+                self.process_batch(found);
                 last_work = Instant::now();
                 h.heartbeat_ms.store(shm::monotonic_ms(), Ordering::Relaxed);
                 // Under sustained load there is never an idle poll: run housekeeping (reclaim,
@@ -184,7 +190,8 @@ impl Server {
         self.batch.len()
     }
 
-    fn process_batch(&mut self) {
+    /// Runs and publishes the batch in hand, whose first request was found at `found`.
+    fn process_batch(&mut self, found: Instant) {
         let t0 = Instant::now();
         let batch = std::mem::take(&mut self.batch);
         self.gather.note_batch(batch.iter().map(|p| shm::pid_of(p.word)), t0);
@@ -211,7 +218,12 @@ impl Server {
         // 3. Publish.
         let took = t0.elapsed();
         self.gather.note_pass(took);
-        self.publish_batch(batch, results, took.as_nanos() as u64);
+        let n = batch.len();
+        let ran = Instant::now();
+        let woken = self.publish_batch(batch, results, took.as_nanos() as u64);
+        if let Some(r) = self.report.as_mut() {
+            r.note(n, found, t0, ran, Instant::now(), woken);
+        }
     }
 
     fn housekeeping(&mut self) {

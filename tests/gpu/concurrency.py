@@ -413,7 +413,10 @@ def run_table(lib, torch, n, dim, dtype, idx, done):
         stop_server(srv, name)
         try:
             tail = open(log_path).read().strip().splitlines()
-            for line in tail[-6:]:
+            # The server's pass report (KALOS_SERVER_REPORT=1) whole, then the log's last lines.
+            keep = [ln for ln in tail if ln.startswith("kalos server:")]
+            keep += [ln for ln in tail[-6:] if ln not in keep]
+            for line in keep:
                 if not line.startswith("READY"):
                     print("  server log: " + line[:400], flush=True)
         except OSError:
