@@ -283,7 +283,9 @@ typedef struct kalos_options {
   // Largest payload per memory (default 65536).
   uint32_t max_payload_bytes;
   // Client busy-wait before sleeping, ns (default 50000; 0 = sleep at once). When the handle's
-  // recent answers took longer, the wait stretches to twice their time, at most 500 µs.
+  // recent answers took longer, the wait stretches to twice their time, at most 500 µs; when the
+  // expected answer is far enough off, the client sleeps until shortly before it and polls only
+  // across the recent answers' spread.
   uint64_t client_spin_ns;
   // Server busy-poll window after the last request, ns (default 2000000; 0 = park at once).
   uint64_t server_spin_ns;

@@ -38,7 +38,9 @@ pub struct Options {
     pub mode: u32,
     pub max_payload_bytes: u32,
     /// Client busy-wait before sleeping on the futex (0 = sleep at once); stretched to twice the
-    /// handle's recent answer time, at most [`ADAPTIVE_SPIN_CAP`].
+    /// handle's recent answer time, at most [`ADAPTIVE_SPIN_CAP`]. When the expected answer is far
+    /// enough off, the client sleeps on the futex until shortly before it and polls only across
+    /// the recent answers' spread (at most half the cap a side).
     pub client_spin_ns: u64,
     /// Server busy-poll window after its last request before it parks (0 = park at once).
     pub server_spin_ns: u64,

@@ -112,6 +112,63 @@ fn a_killed_server_is_server_gone_within_the_deadline() {
     drop(srv);
 }
 
+/// A client whose recent answers took long (here one held back 200 ms by a stopped server) sleeps
+/// on the futex until shortly before the next expected answer and polls only around it. Through
+/// that sleep an early answer still wakes it at once (the server sees it waiting), a stopped
+/// server still times out at the deadline and a killed one is still SERVER_GONE.
+#[test]
+fn a_client_sleeping_until_its_expected_answer_is_woken_and_keeps_its_deadlines() {
+    let name = format!("deadline-presleep-{}", std::process::id());
+    let mut srv = serve(&name);
+    // The default spin: its window is capped, so long answers plan a sleep before polling.
+    let o = Options { role: Role::Client, timeout_ms: 300, ..Options::default() };
+    let k = Kalos::open(&name, &o).unwrap();
+    assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
+    stop(&srv);
+    let pid = srv.0.id() as i32;
+    let cont = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: a plain signal to the test's own child.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    let slow = RecallOptions { timeout_ms: Some(5000), ..RecallOptions::default() };
+    let t = Instant::now();
+    assert_eq!(k.recall(&Q, 3, &slow).unwrap().len(), 3);
+    assert!(t.elapsed() >= Duration::from_millis(150), "the stopped server answered after {:?}", t.elapsed());
+    cont.join().unwrap();
+    // The next answers come long before the expected 200 ms: each must wake the sleeping client
+    // (without the server's wake-up it would sleep on until its 20 ms liveness step at least).
+    let mut took: Vec<Duration> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            assert_eq!(k.recall(&Q, 3, &RecallOptions::default()).unwrap().len(), 3);
+            t.elapsed()
+        })
+        .collect();
+    took.sort();
+    assert!(took[2] < Duration::from_millis(15), "answers took {took:?} (median past 15 ms): the sleeping client was not woken");
+    // Still expecting long answers (the smoothed time decays by a quarter per answer), it keeps
+    // its deadline against a stopped server...
+    stop(&srv);
+    let t = Instant::now();
+    let e = k.recall(&Q, 3, &RecallOptions::default()).unwrap_err();
+    assert_eq!(e.status, Status::Timeout, "{e}");
+    assert!(t.elapsed() < Duration::from_millis(1500), "waited {:?} past a 300 ms deadline", t.elapsed());
+    // ...and learns of a killed one within it.
+    // SAFETY: plain signals to our own child, reaped right after.
+    unsafe {
+        libc::kill(pid, libc::SIGCONT);
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let _ = srv.0.wait();
+    let t = Instant::now();
+    let e = k.recall(&Q, 3, &RecallOptions::default()).unwrap_err();
+    assert_eq!(e.status, Status::ServerGone, "{e}");
+    assert!(t.elapsed() < Duration::from_millis(1500), "waited {:?} past a 300 ms deadline", t.elapsed());
+    drop(k);
+    drop(srv);
+}
+
 #[test]
 fn a_second_server_for_a_taken_name_is_told_who_holds_it() {
     let name = format!("liveness-taken-{}", std::process::id());

@@ -138,6 +138,12 @@ pub struct Kalos {
     closed: AtomicBool,
     /// Smoothed answer time of this handle's recent requests (ns): stretches the spin window.
     recent_ns: AtomicU64,
+    /// Smoothed deviation of those answer times from `recent_ns` (ns): widens the polling window
+    /// around an expected answer (`slot::spin_plan`).
+    jitter_ns: AtomicU64,
+    /// Smoothed lateness of this handle's timed sleeps before polling (ns; the kernel's timer
+    /// slack and the wake-up): starts that window earlier.
+    oversleep_ns: AtomicU64,
     /// Role auto on a durable store: the options with which this handle takes over when the
     /// store's server goes away (the module's "Store lifetime"). `None`: it never does.
     takeover: Option<Options>,
@@ -292,6 +298,8 @@ impl Kalos {
             start_ticks: shm::self_start_ticks(),
             next_slot: AtomicUsize::new(std::process::id() as usize),
             recent_ns: AtomicU64::new(0),
+            jitter_ns: AtomicU64::new(0),
+            oversleep_ns: AtomicU64::new(slot::DEFAULT_TIMER_SLACK.as_nanos() as u64),
             closed: AtomicBool::new(false),
             takeover: None,
             successor: Mutex::new(None),

@@ -24,6 +24,12 @@ pub(super) struct Finite<'a> {
 
 /// How often a waiting client checks that the server is alive (and not stopped).
 const LIVENESS_STEP: Duration = Duration::from_millis(20);
+/// The shortest sleep before polling that [`spin_plan`] plans.
+const MIN_PRESLEEP: Duration = Duration::from_micros(100);
+/// Linux's default timer slack: how late a timed futex wait may end, before any sleep measured.
+pub(super) const DEFAULT_TIMER_SLACK: Duration = Duration::from_micros(50);
+/// Polling margin on each side of an expected answer beyond its measured spread.
+const POLL_MARGIN: Duration = Duration::from_micros(20);
 
 /// The spin window for a handle with `spin_ns` configured and recent answers of `recent_ns`.
 fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
@@ -32,6 +38,46 @@ fn spin_window(spin_ns: u64, recent_ns: u64) -> Duration {
     }
     let adaptive = recent_ns.saturating_mul(2).min(ADAPTIVE_SPIN_CAP.as_nanos() as u64);
     Duration::from_nanos(spin_ns.max(adaptive))
+}
+
+/// When a waiting client polls, measured from the submit: asleep on the slot's futex until
+/// `.0` (the server wakes it if the answer comes sooner), polling until `.1`, then asleep until
+/// the answer. Recent answers took `recent_ns` give or take `jitter_ns`, and timed sleeps ended
+/// `oversleep_ns` late. A client asleep when its answer comes costs the server a wake-up syscall
+/// on its own thread and itself the wake-up's latency; one polling far from its answer holds a
+/// CPU that the server and the other clients need (with many clients, more CPUs than the host
+/// has). So when the expected answer is far enough off, the client sleeps until shortly before
+/// it and polls only across its spread (`2 * jitter_ns + oversleep_ns` + [`POLL_MARGIN`] on each
+/// side, at most half of [`ADAPTIVE_SPIN_CAP`]); otherwise it polls from the submit for
+/// [`spin_window`]. `spin_ns` 0 keeps meaning sleep at once, and a configured spin of the cap or
+/// more polls from the submit.
+fn spin_plan(spin_ns: u64, recent_ns: u64, jitter_ns: u64, oversleep_ns: u64) -> (Duration, Duration) {
+    let window = spin_window(spin_ns, recent_ns);
+    let cap = ADAPTIVE_SPIN_CAP.as_nanos() as u64;
+    let half = jitter_ns.saturating_mul(2).saturating_add(oversleep_ns).saturating_add(POLL_MARGIN.as_nanos() as u64).min(cap / 2);
+    if spin_ns == 0 || spin_ns >= cap || recent_ns < half + MIN_PRESLEEP.as_nanos() as u64 {
+        return (Duration::ZERO, window);
+    }
+    (Duration::from_nanos(recent_ns - half), Duration::from_nanos(recent_ns + half))
+}
+
+/// A smoothed value: `old` moved a quarter of the way to `sample` (the sample itself at first).
+fn smooth(old: u64, sample: u64) -> u64 {
+    if old == 0 {
+        sample
+    } else {
+        old - old / 4 + sample / 4
+    }
+}
+
+/// How a sleeping phase of a wait ended.
+enum Woke {
+    /// The answer is in the slot.
+    Answered,
+    /// The phase's end came first; the sleep ended this late.
+    Until(Duration),
+    /// The deadline passed or the server is gone: the wait's outcome.
+    Finished(Result<()>),
 }
 
 thread_local! {
@@ -228,15 +274,38 @@ impl Kalos {
         let slot = self.seg.slot(slot_i);
         let done = shm::with_state(submitted, shm::SLOT_DONE);
         let t0 = Instant::now();
-        // The spin is part of the wait: it never outlasts the deadline.
-        let spin = spin_window(self.spin_ns, self.recent_ns.load(Ordering::Relaxed)).min(deadline.saturating_duration_since(t0));
-        // Smoothed answer time (1/4 of the new sample): only completed waits update it.
+        let (sleep, spin) = spin_plan(
+            self.spin_ns,
+            self.recent_ns.load(Ordering::Relaxed),
+            self.jitter_ns.load(Ordering::Relaxed),
+            self.oversleep_ns.load(Ordering::Relaxed),
+        );
+        // Smoothed answer time and its deviation (1/4 of the new sample): only completed waits
+        // update them.
         let note = |t0: Instant| {
             let e = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
             let r = self.recent_ns.load(Ordering::Relaxed);
-            self.recent_ns.store(if r == 0 { e } else { r - r / 4 + e / 4 }, Ordering::Relaxed);
+            self.recent_ns.store(smooth(r, e), Ordering::Relaxed);
+            if r != 0 {
+                self.jitter_ns.store(smooth(self.jitter_ns.load(Ordering::Relaxed), e.abs_diff(r)), Ordering::Relaxed);
+            }
         };
-        if !spin.is_zero() {
+        if !sleep.is_zero() {
+            match self.sleep_phase(slot_i, submitted, Some(t0 + sleep), deadline, not_run) {
+                Woke::Answered => {
+                    note(t0);
+                    return Ok(());
+                }
+                Woke::Finished(r) => return r,
+                Woke::Until(late) => {
+                    let late = late.as_nanos().min(u64::MAX as u128) as u64;
+                    self.oversleep_ns.store(smooth(self.oversleep_ns.load(Ordering::Relaxed), late), Ordering::Relaxed);
+                }
+            }
+        }
+        // The spin is part of the wait: it never outlasts the deadline.
+        let spin = spin.min(deadline.saturating_duration_since(t0));
+        if spin > sleep {
             // Busy-wait for the first few microseconds (a warm server answers a small request in
             // about a microsecond), then keep polling but yield the CPU between polls: when the
             // machine has fewer free cores than spinners, a pure spin would hold the core the
@@ -271,24 +340,46 @@ impl Kalos {
             }
         }
         loop {
+            match self.sleep_phase(slot_i, submitted, None, deadline, not_run) {
+                Woke::Answered => {
+                    note(t0);
+                    return Ok(());
+                }
+                Woke::Finished(r) => return r,
+                Woke::Until(_) => {}
+            }
+        }
+    }
+
+    /// Sleeps on the slot's futex until the answer, the deadline, the server's end, or `until`
+    /// (None: no such end). The `waiting` flag asks the server for a wake-up while it sleeps.
+    fn sleep_phase(&self, slot_i: usize, submitted: u64, until: Option<Instant>, deadline: Instant, not_run: &mut bool) -> Woke {
+        let slot = self.seg.slot(slot_i);
+        let done = shm::with_state(submitted, shm::SLOT_DONE);
+        loop {
             slot.waiting.store(shm::waiting_tag(submitted), Ordering::SeqCst);
             let w = slot.state.load(Ordering::SeqCst);
             if w == done {
                 slot.waiting.store(0, Ordering::Relaxed);
-                note(t0);
-                return Ok(());
+                return Woke::Answered;
             }
             let now = Instant::now();
             if now >= deadline {
                 slot.waiting.store(0, Ordering::Relaxed);
-                return self.abandon(slot_i, submitted);
+                return Woke::Finished(self.abandon(slot_i, submitted));
             }
-            let step = (deadline - now).min(LIVENESS_STEP);
-            futex::wait(shm::low_word(&slot.state), w as u32, step);
-            if slot.state.load(Ordering::Acquire) != done {
+            if let Some(u) = until.filter(|&u| now >= u) {
+                slot.waiting.store(0, Ordering::Relaxed);
+                return Woke::Until(now - u);
+            }
+            let step = until.map_or(deadline, |u| u.min(deadline)) - now;
+            futex::wait(shm::low_word(&slot.state), w as u32, step.min(LIVENESS_STEP));
+            // A wait that ran to its planned end goes on without a liveness check (the polling
+            // and the next sleep make them); any other wake-up without the answer checks.
+            if slot.state.load(Ordering::Acquire) != done && until.is_none_or(|u| Instant::now() < u) {
                 if let Some(reason) = self.server_gone_reason() {
                     slot.waiting.store(0, Ordering::Relaxed);
-                    return self.withdraw_gone(slot_i, submitted, reason, not_run);
+                    return Woke::Finished(self.withdraw_gone(slot_i, submitted, reason, not_run));
                 }
             }
         }
@@ -340,5 +431,34 @@ mod tests {
         assert_eq!(spin_window(50_000, 60_000), Duration::from_micros(120));
         assert_eq!(spin_window(50_000, 10_000_000), ADAPTIVE_SPIN_CAP);
         assert_eq!(spin_window(2_000_000, 10_000_000), Duration::from_millis(2), "a longer configured spin wins");
+    }
+
+    #[test]
+    fn spin_plan_polls_across_the_expected_answers_spread() {
+        let us = Duration::from_micros;
+        let slack = DEFAULT_TIMER_SLACK.as_nanos() as u64;
+        // Short answers: poll from the submit, as spin_window says.
+        assert_eq!(spin_plan(50_000, 0, 0, slack), (Duration::ZERO, us(50)));
+        assert_eq!(spin_plan(50_000, 160_000, 0, slack), (Duration::ZERO, us(320)), "a sleep under MIN_PRESLEEP is not planned");
+        // Longer answers: asleep until the spread (2 jitter + oversleep + margin) before the
+        // expected answer, polling until as far after it.
+        assert_eq!(spin_plan(50_000, 400_000, 0, slack), (us(330), us(470)));
+        assert_eq!(spin_plan(50_000, 1_250_000, 10_000, 30_000), (us(1180), us(1320)));
+        assert_eq!(spin_plan(50_000, 30_000_000, 0, slack), (us(29_930), us(30_070)));
+        // A wide spread is capped at half of ADAPTIVE_SPIN_CAP a side; near the submit, polling
+        // starts at the submit.
+        assert_eq!(spin_plan(50_000, 1_250_000, 400_000, slack), (us(1000), us(1500)));
+        assert_eq!(spin_plan(50_000, 300_000, 100_000, slack), (Duration::ZERO, ADAPTIVE_SPIN_CAP));
+        // 0 keeps meaning sleep at once; a configured spin of the cap or more polls from the submit.
+        assert_eq!(spin_plan(0, 1_250_000, 0, slack), (Duration::ZERO, Duration::ZERO));
+        assert_eq!(spin_plan(2_000_000, 10_000_000, 0, slack), (Duration::ZERO, us(2000)));
+        assert_eq!(spin_plan(500_000, 10_000_000, 0, slack), (Duration::ZERO, us(500)));
+    }
+
+    #[test]
+    fn smoothing_starts_at_the_first_sample_and_moves_a_quarter() {
+        assert_eq!(smooth(0, 800), 800);
+        assert_eq!(smooth(800, 400), 700);
+        assert_eq!(smooth(800, 800), 800);
     }
 }

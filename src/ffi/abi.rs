@@ -226,7 +226,9 @@ pub struct kalos_options {
     /// Largest payload per memory (default 65536).
     pub max_payload_bytes: u32,
     /// Client busy-wait before sleeping, ns (default 50000; 0 = sleep at once). When the handle's
-    /// recent answers took longer, the wait stretches to twice their time, at most 500 µs.
+    /// recent answers took longer, the wait stretches to twice their time, at most 500 µs; when the
+    /// expected answer is far enough off, the client sleeps until shortly before it and polls only
+    /// across the recent answers' spread.
     pub client_spin_ns: u64,
     /// Server busy-poll window after the last request, ns (default 2000000; 0 = park at once).
     pub server_spin_ns: u64,
