@@ -195,6 +195,8 @@ impl Server {
         let t0 = Instant::now();
         let batch = std::mem::take(&mut self.batch);
         self.gather.note_batch(batch.iter().map(|p| shm::pid_of(p.word)), t0);
+        let active = self.gather.expected(t0).min(u32::MAX as usize) as u32;
+        self.seg.header().active_clients.store(active, Ordering::Relaxed);
         self.metrics.batches += 1;
         let mut results: Vec<Option<Reply>> = vec![None; batch.len()];
         // 0. Cluster mode: client writes go to the log, recalls this host cannot answer alone

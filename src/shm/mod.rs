@@ -98,7 +98,12 @@ pub struct Header {
     pub epoch: AtomicU64,
     /// CLOCK_MONOTONIC milliseconds of the server's last loop iteration or housekeeping tick.
     pub heartbeat_ms: AtomicU64,
-    pub _pad1: [u64; 4],
+    /// Requests the recently active clients may have in flight at once, as the server counted
+    /// them at its last pass (`server::gather`); clients read it to choose how to wait. Advisory:
+    /// any value only changes how a client waits, never what it gets.
+    pub active_clients: AtomicU32,
+    pub _pad1a: u32,
+    pub _pad1: [u64; 3],
     // --- own cache line: the doorbell
     pub doorbell: AtomicU32,
     pub server_parked: AtomicU32,
