@@ -43,8 +43,10 @@ fi
 # (concurrency.py's CONC_CLIENT), so a change on the client side is measured too.
 stage_rev() {
   local name="$1" rev="$2" td tmp
-  # The same target directory: only the kalos crate is compiled again.
-  td="$(realpath "$T")"; tmp="$(mktemp -d)"
+  # A target directory of their own, shared by every staged revision (the dependencies are
+  # compiled once): in the main one, a revision's build would replace target/release/libkalos.so,
+  # and cargo, finding HEAD's own build still fresh, would not put HEAD's back.
+  td="$(realpath "$T")/stage-revs"; tmp="$(mktemp -d)"
   git worktree add --detach -q "$tmp/w" "$rev"
   (cd "$tmp/w" && CARGO_TARGET_DIR="$td" cargo build --release --lib)
   mkdir -p ".gpu/$name" && cp "$td/release/libkalos.so" ".gpu/$name/" && strip ".gpu/$name/libkalos.so"
