@@ -148,6 +148,8 @@ pub struct Tuning {
     pub gather_us: Option<u64>,
     /// The most queries a multi-query pass takes (`KALOS_MULTI_MAXQ`, 0 to 32; 0 = never).
     pub multi_maxq: Option<usize>,
+    /// `KALOS_HUGE_PAGES` (default on): back the table's vectors with transparent huge pages.
+    pub huge_pages: bool,
 }
 
 impl Default for Tuning {
@@ -221,6 +223,7 @@ impl Tuning {
             data_dir_mode,
             copy_threads,
             copy_streaming: flag(&var, "KALOS_COPY_NT", true)?,
+            huge_pages: flag(&var, "KALOS_HUGE_PAGES", true)?,
             client_trace: flag(&var, "KALOS_CLIENT_TRACE", false)?,
             cuda_report: flag(&var, "KALOS_CUDA_REPORT", false)?,
             server_report: flag(&var, "KALOS_SERVER_REPORT", false)?,
@@ -310,6 +313,7 @@ mod tests {
                 cuda_fault_after: None,
                 gather_us: None,
                 multi_maxq: None,
+                huge_pages: true,
             }
         );
         assert_eq!(Tuning::default(), t);
@@ -337,6 +341,7 @@ mod tests {
             ("KALOS_CUDA_FAULT_AFTER", "5"),
             ("KALOS_GATHER_US", "0"),
             ("KALOS_MULTI_MAXQ", "8"),
+            ("KALOS_HUGE_PAGES", "0"),
         ])
         .unwrap();
         assert_eq!(
@@ -361,6 +366,7 @@ mod tests {
                 cuda_fault_after: Some(5),
                 gather_us: Some(0),
                 multi_maxq: Some(8),
+                huge_pages: false,
             }
         );
     }
@@ -385,6 +391,7 @@ mod tests {
             ("KALOS_DATA_DIR_MODE", "rwxr-x---"),
             ("KALOS_GATHER_US", "soon"),
             ("KALOS_MULTI_MAXQ", "33"),
+            ("KALOS_HUGE_PAGES", "yes"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();
             assert_eq!(e.status, Status::InvalidArgument);
