@@ -319,6 +319,11 @@ pub fn normalize_queries(q: &mut [f32], dim: usize) -> Result<()> {
     Ok(())
 }
 
+/// A duration in nanoseconds, saturating at `u64::MAX` (584 years).
+pub fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

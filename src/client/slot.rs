@@ -291,7 +291,7 @@ impl Kalos {
         // Smoothed answer time and its deviation (1/4 of the new sample): only completed waits
         // update them.
         let note = |t0: Instant| {
-            let e = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            let e = crate::types::nanos(t0.elapsed());
             let r = self.recent_ns.load(Ordering::Relaxed);
             self.recent_ns.store(smooth(r, e), Ordering::Relaxed);
             if r != 0 {
@@ -306,7 +306,7 @@ impl Kalos {
                 }
                 Woke::Finished(r) => return r,
                 Woke::Until(late) => {
-                    let late = late.as_nanos().min(u64::MAX as u128) as u64;
+                    let late = crate::types::nanos(late);
                     self.oversleep_ns.store(smooth(self.oversleep_ns.load(Ordering::Relaxed), late), Ordering::Relaxed);
                 }
             }

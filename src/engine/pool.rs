@@ -164,7 +164,7 @@ impl Pool {
                 }
                 while t0.elapsed() < LIMIT {
                     if joined.load(Ordering::Acquire) {
-                        took_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        took_ns.store(crate::types::nanos(t0.elapsed()), Ordering::Relaxed);
                         return;
                     }
                     std::hint::spin_loop();

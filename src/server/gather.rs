@@ -65,7 +65,7 @@ impl Gather {
 
     /// Records how long a batch took.
     pub(super) fn note_pass(&mut self, d: Duration) {
-        let ns = d.as_nanos().min(u64::MAX as u128) as u64;
+        let ns = crate::types::nanos(d);
         self.pass_ns = if self.pass_ns == 0 { ns } else { self.pass_ns - self.pass_ns / 8 + ns / 8 };
     }
 

@@ -2,7 +2,8 @@
 //! printed to stderr when the server stops, by the number of requests a pass took (a tuning aid
 //! for the many-clients benchmark, `tests/gpu/concurrency.py`).
 
-use std::time::{Duration, Instant};
+use crate::types::nanos;
+use std::time::Instant;
 
 /// Passes kept (the first ones; a benchmark's server runs far fewer).
 const KEEP: usize = 1 << 20;
@@ -29,10 +30,6 @@ pub(super) struct PassReport {
     last_end: Option<Instant>,
 }
 
-fn ns(d: Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128) as u64
-}
-
 impl PassReport {
     /// A report when `KALOS_SERVER_REPORT` is on.
     pub(super) fn from_tuning() -> Option<PassReport> {
@@ -42,15 +39,15 @@ impl PassReport {
     /// Records a pass: its first request was found at `found`, its gathering ended at
     /// `gathered`, its run at `ran` and its publish at `end`.
     pub(super) fn note(&mut self, n: usize, found: Instant, gathered: Instant, ran: Instant, end: Instant, woken: u32) {
-        let idle = self.last_end.map_or(0, |e| ns(found.saturating_duration_since(e)));
+        let idle = self.last_end.map_or(0, |e| nanos(found.saturating_duration_since(e)));
         self.last_end = Some(end);
         if self.passes.len() < KEEP {
             self.passes.push(Pass {
                 n: n.min(u32::MAX as usize) as u32,
                 idle,
-                gather: ns(gathered - found),
-                run: ns(ran - gathered),
-                publish: ns(end - ran),
+                gather: nanos(gathered - found),
+                run: nanos(ran - gathered),
+                publish: nanos(end - ran),
                 woken,
             });
         }
@@ -96,7 +93,7 @@ mod tests {
     fn phases_are_reported_by_pass_size() {
         let mut r = PassReport { passes: Vec::new(), last_end: None };
         let t = Instant::now();
-        let us = Duration::from_micros;
+        let us = std::time::Duration::from_micros;
         for i in 0..30u64 {
             let found = t + us(1000 * i);
             r.note(4, found, found + us(10), found + us(500), found + us(520), 3);

@@ -222,7 +222,7 @@ impl Server {
         self.gather.note_pass(took);
         let n = batch.len();
         let ran = Instant::now();
-        let woken = self.publish_batch(batch, results, took.as_nanos() as u64);
+        let woken = self.publish_batch(batch, results, crate::types::nanos(took));
         if let Some(r) = self.report.as_mut() {
             r.note(n, found, t0, ran, Instant::now(), woken);
         }
