@@ -2,14 +2,14 @@
 //! an `n x dim` f32 table for several thread counts, and the worker pool's fan-out alone (an
 //! empty job). A tuning aid for the engine choice (docs/history/gpu-sessions.md, "CPU engine on the
 //! host").
-//!   cargo run --release --example cpu_probe -- [n] [dim] [threads,...] [ip|l2]
+//!   cargo run --release --example cpu_probe -- [n] [dim] [threads,...] [ip|l2] [exact|int8]
 use std::time::{Duration, Instant};
 
 use kalos::engine::cpu::CpuEngine;
 use kalos::engine::pool::Pool;
 use kalos::engine::Engine;
 use kalos::store::{Store, UpsertItem, NEVER};
-use kalos::types::{Filter, Metric};
+use kalos::types::{Filter, Metric, Scan};
 use kalos::wire::SearchRequest;
 use rand::{Rng, SeedableRng};
 
@@ -33,6 +33,7 @@ fn main() {
     let mut r = rand::rngs::StdRng::seed_from_u64(rand::random());
     let vecs: Vec<f32> = (0..n * dim).map(|_| r.random_range(-1.0f32..1.0)).collect();
     let metric = if a.get(4).map(String::as_str) == Some("l2") { Metric::L2 } else { Metric::InnerProduct };
+    let int8 = a.get(5).map(String::as_str) == Some("int8");
     let mut st = Store::new(dim, metric, n.max(1), 0);
     let items: Vec<UpsertItem<'_>> = (0..n)
         .map(|i| UpsertItem {
@@ -55,6 +56,10 @@ fn main() {
     for &t in &threads {
         let mut e = CpuEngine::for_server(t, 2_000_000_000);
         e.set_parallel_min_bytes(if t > 1 { 0 } else { usize::MAX });
+        if int8 {
+            e.set_scan(Scan::Int8, 0);
+            e.sync(&st, &[]).unwrap();
+        }
         let mut lat = Vec::new();
         for i in 0..iters {
             let q = &qs[(i % 64) * dim..(i % 64 + 1) * dim];
