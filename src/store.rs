@@ -155,10 +155,10 @@ impl LineVec {
 
 /// Asks Linux to back a mapping of at least [`HUGE_PAGE_MIN`] bytes with transparent huge pages
 /// (`KALOS_HUGE_PAGES`, default on; where the kernel's THP mode is `madvise`, the default of
-/// many distributions, only such mappings get them). A recall touches rows all over the table
-/// (re-ranking, gathered filters, `get`): with 4 KiB pages each row costs a TLB miss, a page walk
-/// through a table the caches do not hold. Advice only: an error (THP off, an old kernel) is
-/// ignored.
+/// many distributions, only such mappings get them). With 4 KiB pages a scan takes a TLB miss
+/// every 4 KiB and a row read at random (re-ranking, gathered filters, `get`) one each, a page
+/// walk through tables the caches do not hold (docs/benchmarks/cpu.md, "Huge pages for the
+/// table"). Advice only: an error (THP off, an old kernel) is ignored.
 fn advise_huge_pages(p: *mut libc::c_void, len: usize) {
     #[cfg(target_os = "linux")]
     if len >= HUGE_PAGE_MIN && crate::config::tuning_or_default().huge_pages {
