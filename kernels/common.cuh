@@ -134,6 +134,12 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return r;
 }
 
+// Whether `row` may match the metadata filter (every row when there is none). The scans read
+// no bytes of a row the mask leaves out: `make_key` gives it key 0 whatever its values.
+__device__ __forceinline__ bool row_live(const Table& T, u32 row) {
+    return !T.mask || ((__ldg(T.mask + (row >> 5)) >> (row & 31)) & 1u);
+}
+
 #if DTYPE == 3 && !QREG
 #error "the int8 scan needs the query slice in registers (Geometry::of_codes(dim).qreg)"
 #endif

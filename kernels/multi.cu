@@ -164,8 +164,8 @@ __device__ __forceinline__ void scan_multi_body(unsigned char* smem, const unsig
         Rows r;
         r.ra = base + warp * 16 + g;
         r.rb = r.ra + 8;
-        r.ina = r.ra < r1;
-        r.inb = r.rb < r1;
+        r.ina = r.ra < r1 && row_live(T, r.ra);
+        r.inb = r.rb < r1 && row_live(T, r.rb);
         r.va = V + (size_t)(r.ina ? r.ra : 0u) * NV;
         r.vb = V + (size_t)(r.inb ? r.rb : 0u) * NV;
         return r;

@@ -91,10 +91,11 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             u32 row = wb + sub * RU + u;
+            const bool live = row < r1 && row_live(T, row);
 #pragma unroll
             for (int c = 0; c < NCH; c++) {
                 int vi = c * GS + lane;
-                if (row < r1 && vi < NV) v[u][c] = ld_stream(V + (size_t)row * NV + vi);
+                if (live && vi < NV) v[u][c] = ld_stream(V + (size_t)row * NV + vi);
                 else v[u][c] = make_uint4(0u, 0u, 0u, 0u);
             }
         }

@@ -837,17 +837,21 @@ def _filters_module():
     raise FileNotFoundError("kalos/filters.py")
 
 
-def suite_filter(n=200_000, dim=64, nexpr=60):
+def suite_filter(n=200_000, dim=64, nexpr=60, dtype=F32, metrics=(IP, COSINE, L2)):
     """Metadata filters on a store of the engine under test (docs/GPU.md, "Metadata filters"):
     random expressions from 50% of rows down to one row, single queries and batches, against
-    a numpy mask of the same expression."""
+    a numpy mask of the same expression. The scans skip the rows the mask leaves out; f16
+    storage takes the wide-row layout of the single-query scan and, for the batches of 4, the
+    multi-query pass."""
     F = _filters_module()
     users = np.array(["u%d" % i for i in range(100)])
-    for metric in (IP, COSINE, L2):
+    for metric in metrics:
         tag = "filter/%s/n=%d/d=%d" % (["ip", "cos", "l2"][metric], n, dim)
-        st = open_store(dim, metric)
+        if dtype != F32:
+            tag += "/" + ["f32", "f16", "bf16"][dtype]
+        st = open_store(dim, metric, dtype=dtype)
         ref = Ref(dim, metric)
-        X = rng.standard_normal((n, dim)).astype(np.float32)
+        X = as_stored(rng.standard_normal((n, dim)).astype(np.float32), dtype)
         ids = rng.permutation(np.arange(1, 4 * n + 1, dtype=np.uint64))[:n]
         u = rng.integers(0, 100, n)
         num = rng.integers(0, 10_000, n)
@@ -874,14 +878,19 @@ def suite_filter(n=200_000, dim=64, nexpr=60):
             a, b = rng.integers(0, 10_000, 2)
             lo, hi = min(a, b), max(a, b)
             cases.append(("range", F.gte("n", int(lo)) & F.lt("n", int(hi)), (num >= lo) & (num < hi)))
+        # Low-precision storage: the lowp suite's score bar (the stored values are exact in the
+        # reference; the f16 paths sum in lower precision).
+        tol = (lambda q: None) if dtype == F32 else (lambda q: {F16: 2e-3, BF16: 1.6e-2}[dtype] * ref.xmax() * float(np.linalg.norm(q)))
         for cname, expr, mask in cases:
             fb = expr.encode()
             q = rng.standard_normal(dim).astype(np.float32)
             for k in (1, 10, 100, 1024):
-                check("%s/%s/single/k=%d" % (tag, cname, k), ref, q, st.recall(q, k, filter=fb), k, mask=mask)
+                check("%s/%s/single/k=%d" % (tag, cname, k), ref, q, st.recall(q, k, filter=fb), k, mask=mask, tol=tol(q))
             qs = rng.standard_normal((4, dim)).astype(np.float32)
             for qi, got in enumerate(st.recall_batch(qs, 10, filter=fb)):
-                check("%s/%s/batch/q%d" % (tag, cname, qi), ref, qs[qi], got, 10, mask=mask)
+                check("%s/%s/batch/q%d" % (tag, cname, qi), ref, qs[qi], got, 10, mask=mask, tol=tol(qs[qi]))
+        sts = st.stats()
+        record(tag + "/on-gpu", BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0), engine=sts.engine_name.decode())
         st.close()
 
 
@@ -1067,7 +1076,8 @@ def main():
         ("gated", suite_gated),
         ("oom", suite_oom),
         ("fault", suite_fault_and_auto),
-        ("filter", lambda: [suite_filter(), suite_filter_drift()]),
+        ("filter", lambda: [suite_filter(), suite_filter(n=100_000, dim=768, nexpr=8, dtype=F16, metrics=(IP, L2)),
+                            suite_filter_drift()]),
         ("int8", suite_int8),
         ("shards", suite_shards),
     ]
