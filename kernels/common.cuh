@@ -577,6 +577,25 @@ __device__ __forceinline__ u32 group_max_bound(u32 tmax, u32 k, SelShared& S) {
     return b;
 }
 
+// The rank of entry i (key kk, row `row`) among the c entries ckey[0..c) (rows crow[j], or row0 + j
+// when crow is null): how many rank before it (key desc, then lower id). Ids are read only where
+// keys tie and the rank is still below k.
+__device__ __forceinline__ u32 rank_of(const u32* ckey, const u32* crow, u32 row0, u32 c, u32 i, u32 kk, u32 row,
+                                       u32 k, const u64* ids) {
+    u32 r = 0, eq = 0;
+    for (u32 j = 0; j < c; j++) {
+        const u32 kj = ckey[j];
+        r += kj > kk ? 1u : 0u;
+        eq += (kj == kk && j != i) ? 1u : 0u;
+    }
+    if (eq && r < k) {
+        const u64 id = ids[row];
+        for (u32 j = 0; j < c; j++)
+            if (j != i && ckey[j] == kk && ids[crow ? crow[j] : row0 + j] < id) r++;
+    }
+    return r;
+}
+
 // Rank selection of c <= NT entries (keys ckey, shared memory; rows crow, or row0 + i when crow
 // is null) into okey/orow: thread i counts the entries better than its own (key desc, then lower
 // id: ids are read only where keys tie) and writes it at that rank when it is among the first k.
@@ -591,17 +610,7 @@ __device__ __forceinline__ u32 rank_select(const u32* ckey, const u32* crow, u32
     const u32 kk = t < c ? ckey[t] : 0u;
     if (kk != 0u) {
         const u32 row = crow ? crow[t] : row0 + t;
-        u32 r = 0, eq = 0;
-        for (u32 j = 0; j < c; j++) {
-            const u32 kj = ckey[j];
-            r += kj > kk ? 1u : 0u;
-            eq += (kj == kk && j != t) ? 1u : 0u;
-        }
-        if (eq && r < k) {  // tied keys: the lower id ranks first
-            const u64 id = ids[row];
-            for (u32 j = 0; j < c; j++)
-                if (j != t && ckey[j] == kk && ids[crow ? crow[j] : row0 + j] < id) r++;
-        }
+        const u32 r = rank_of(ckey, crow, row0, c, t, kk, row, k, ids);
         if (r < k) {
             okey[r] = kk;
             orow[r] = row;

@@ -264,17 +264,7 @@ __device__ __forceinline__ void scan_multi_body(unsigned char* smem, const unsig
         // are 0 .. c - 1, so the first min(c, k) slots are filled.
         for (u32 i = lane; i < c; i += 32) {
             const u32 kk = qk[i], row = qr[i];
-            u32 r = 0, eq = 0;
-            for (u32 j = 0; j < c; j++) {
-                const u32 kj = qk[j];
-                r += kj > kk ? 1u : 0u;
-                eq += (kj == kk && j != i) ? 1u : 0u;
-            }
-            if (eq && r < k) {
-                const u64 id = T.ids[row];
-                for (u32 j = 0; j < c; j++)
-                    if (j != i && qk[j] == kk && T.ids[qr[j]] < id) r++;
-            }
+            const u32 r = rank_of(qk, qr, 0u, c, i, kk, row, k, T.ids);
             if (r < k) {
                 ok[r] = kk;
                 orow2[r] = row;
