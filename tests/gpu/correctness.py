@@ -43,6 +43,19 @@ def record(test, ok, **kw):
         print("FAIL", test, json.dumps({k: v for k, v in kw.items() if k not in ("test", "ok")}, default=str)[:1500], flush=True)
 
 
+def on_gpu(sts):
+    """Whether a store's stats show it served from the GPU (always true off the CUDA backend): a
+    GPU failure would be answered by the CPU engine (exact f32), passing the bars untested."""
+    return BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0)
+
+
+def lowp_tol(dtype, xm, q):
+    """The score bar for f16 / bf16 storage (xm: the largest stored row norm): the stored values
+    are exact in the reference and the low-precision paths sum in lower precision, so the error
+    scales with max|x| and |q|."""
+    return {F16: 2e-3, BF16: 1.6e-2}[dtype] * xm * float(np.linalg.norm(q))
+
+
 class Ref:
     """The table as the client knows it, with a float64 reference search."""
 
@@ -353,7 +366,7 @@ def suite_lowp(dtype, n=200_000, dim=768, nq=100):
     # testing the GPU at all, so the store must still be on it.
     sts = st.stats()
     out["engine"], out["engine_fallbacks"] = sts.engine_name.decode(), int(sts.engine_fallbacks)
-    gpu_ok = BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0)
+    gpu_ok = on_gpu(sts)
     ok = gpu_ok and all(v["recall10"] >= 0.99 and v["batch_recall10"] >= 0.99 and v["max_score_err"] <= tol and v["batch_max_score_err"] <= tol
                         for v in out.values() if isinstance(v, dict))
     record(tag, ok, tol=tol, **out)
@@ -392,7 +405,6 @@ def suite_multi(dtype, metric, n=150_000, dim=768):
     # The query is split into two parts of the storage type: scores carry about 22 (f16) or 16
     # (bf16) bits of the query, not f32's 24.
     slack = {F16: 2.0, BF16: 8.0}[dtype]
-    lowp_tol = {F16: 2e-3, BF16: 1.6e-2}[dtype]
     xm = ref.xmax()
     for step in range(2):
         for nq in (2, 8, 9, 17, 32):
@@ -404,18 +416,18 @@ def suite_multi(dtype, metric, n=150_000, dim=768):
                 for i in range(nq):
                     # Past the pass (k > 128, or more queries than KALOS_MULTI_MAXQ) the batch
                     # path answers, at the lowp suite's bars.
-                    tol = slack * ref.tol(Q[i]) if k <= 128 and nq <= MULTI_MAXQ else lowp_tol * xm * float(np.linalg.norm(Q[i]))
+                    tol = slack * ref.tol(Q[i]) if k <= 128 and nq <= MULTI_MAXQ else lowp_tol(dtype, xm, Q[i])
                     check("%s/step=%d/nq=%d/k=%d/q=%d" % (tag, step, nq, k, i), ref, Q[i], res[i], k, s=S[i], tol=tol)
             res = st.recall_batch(Q, 10, namespaces=[1, 3])
             mask = np.isin(ref.ns, [1, 3])
             for i in range(nq):
-                tol = slack * ref.tol(Q[i]) if nq <= MULTI_MAXQ else lowp_tol * xm * float(np.linalg.norm(Q[i]))
+                tol = slack * ref.tol(Q[i]) if nq <= MULTI_MAXQ else lowp_tol(dtype, xm, Q[i])
                 check("%s/step=%d/nq=%d/ns/q=%d" % (tag, step, nq, i), ref, Q[i], res[i], 10, mask=mask, s=S[i], tol=tol)
         gone = ref.ids[rng.choice(len(ref.ids), 5000, replace=False)]
         st.delete(gone)
         ref.delete(gone)
     sts = st.stats()
-    record(tag + "/on-gpu", BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0), engine=sts.engine_name.decode())
+    record(tag + "/on-gpu", on_gpu(sts), engine=sts.engine_name.decode())
     st.close()
 
 
@@ -438,7 +450,7 @@ def suite_score16(n=100_000, dim=256, nq=64):
     def finish(tag, st, ok, **out):
         sts = st.stats()
         out.update(engine=sts.engine_name.decode(), engine_fallbacks=int(sts.engine_fallbacks))
-        ok = ok and (BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0))
+        ok = ok and on_gpu(sts)
         record("score16/%s/n=%d/d=%d" % (tag, n, dim), ok, **out)
         print("INFO score16", tag, json.dumps(out, default=str)[:600], flush=True)
         st.close()
@@ -563,7 +575,7 @@ def suite_gated(n=400_000, dim=96, nq=1024):
     for i in rng.choice(nq, 8, replace=False):
         check("gated/ns-filter/k=10/q%d" % i, ref, Q[i], res[i], 10, mask=np.isin(ref.ns, [3, 7]))
     sts = st.stats()
-    gpu = BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0)
+    gpu = on_gpu(sts)
     rep = engine_report(st)
     m = re.search(r"(\d+) gated batch", rep)
     got = int(m.group(1)) if m else -1
@@ -614,7 +626,7 @@ def suite_gated(n=400_000, dim=96, nq=1024):
     res2 = st.recall_batch(Qc, 10)  # still serving, same answers
     record("gated/cosine-slot/after-error", all((a[0] == b[0]).all() for a, b in zip(res, res2)))
     sts = st.stats()
-    gpu = BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0)
+    gpu = on_gpu(sts)
     rep = engine_report(st)
     m = re.search(r"(\d+) batch\(es\) copied to the device from the client's slot", rep)
     record("gated/cosine-slot/engine", gpu and (BACKEND != CUDA or (m is not None and int(m.group(1)) >= 3)), engine=sts.engine_name.decode(),
@@ -639,7 +651,7 @@ def suite_gated(n=400_000, dim=96, nq=1024):
         for i in list(range(0, nq, 256)) + list(rng.choice(nq, 8, replace=False)):
             check("gated/%s/k=10/q%d" % (tag, i), ref, Q[i], res[i], 10)
     sts = st.stats()
-    gpu = BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0)
+    gpu = on_gpu(sts)
     rep = engine_report(st)
     record("gated/ordered/engine", gpu, engine=sts.engine_name.decode(), report=[l for l in rep.splitlines() if "gated" in l][:2])
 
@@ -675,7 +687,7 @@ def suite_cruise(n=300_000, dim=64):
             for i in range(len(Q)):
                 check("%s/batch/k=%d/q%d" % (tag, k, i), ref, Q[i], res[i], k)
         sts = st.stats()
-        record(tag + "/engine", BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0),
+        record(tag + "/engine", on_gpu(sts),
                engine=sts.engine_name.decode(), fallbacks=int(sts.engine_fallbacks))
         st.close()
 
@@ -878,9 +890,7 @@ def suite_filter(n=200_000, dim=64, nexpr=60, dtype=F32, metrics=(IP, COSINE, L2
             a, b = rng.integers(0, 10_000, 2)
             lo, hi = min(a, b), max(a, b)
             cases.append(("range", F.gte("n", int(lo)) & F.lt("n", int(hi)), (num >= lo) & (num < hi)))
-        # Low-precision storage: the lowp suite's score bar (the stored values are exact in the
-        # reference; the f16 paths sum in lower precision).
-        tol = (lambda q: None) if dtype == F32 else (lambda q: {F16: 2e-3, BF16: 1.6e-2}[dtype] * ref.xmax() * float(np.linalg.norm(q)))
+        tol = (lambda q: None) if dtype == F32 else (lambda q: lowp_tol(dtype, ref.xmax(), q))
         for cname, expr, mask in cases:
             fb = expr.encode()
             q = rng.standard_normal(dim).astype(np.float32)
@@ -890,7 +900,7 @@ def suite_filter(n=200_000, dim=64, nexpr=60, dtype=F32, metrics=(IP, COSINE, L2
             for qi, got in enumerate(st.recall_batch(qs, 10, filter=fb)):
                 check("%s/%s/batch/q%d" % (tag, cname, qi), ref, qs[qi], got, 10, mask=mask, tol=tol(qs[qi]))
         sts = st.stats()
-        record(tag + "/on-gpu", BACKEND != CUDA or (sts.engine == CUDA and sts.engine_fallbacks == 0), engine=sts.engine_name.decode())
+        record(tag + "/on-gpu", on_gpu(sts), engine=sts.engine_name.decode())
         st.close()
 
 
