@@ -594,6 +594,7 @@ fn repair_fixes_a_log_header_naming_another_generation() {
     assert!(rep.backup.is_some(), "repair found the damage: {:?}", rep.notes);
     let (_, _, s) = open(&dir, 4, Metric::InnerProduct).unwrap();
     assert_matches(&s, model, "after repairing the header's generation");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Writes `ops` random operations and a snapshot into a fresh directory, rewrites the snapshot's
@@ -628,6 +629,7 @@ fn tampered_snapshot_header_is_repaired(
     assert!(rep.backup.is_some(), "{what}: repair found no damage: {:?}", rep.notes);
     let (_, _, s) = open(&dir, 4, metric).unwrap();
     assert_matches(&s, &model, &format!("after repairing {what}"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A snapshot whose intact header names another generation than its file: the same (also for
@@ -702,6 +704,7 @@ fn repair_keeps_every_valid_row_around_rows_the_store_refuses() {
         }
         let (_, _, s) = open(&dir, 4, Metric::L2).unwrap();
         assert_matches(&s, &model, &format!("{what}: after repair"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
