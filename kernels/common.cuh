@@ -8,7 +8,9 @@
 //   DIM     vector dimension
 //   DTYPE   0 = f32, 1 = f16, 2 = bf16 table storage; 3 = the int8 scan's codes (scan = "int8":
 //           scan.cu only, dimensions whose query slice fits in registers; rows of DP signed
-//           bytes with a per-row scale in Table::rscale, queries passed as their integer codes)
+//           bytes with a per-row scale in Table::rscale, queries passed as their integer codes);
+//           4 = the int8 scan's 4-bit first pass (scan.cu only: rows of DP packed 4-bit codes,
+//           the best k re-scored from the 8-bit codes in Table::codes8, the best kf kept)
 //   METRIC  0 = ip (cosine rows are stored normalised and compile as ip), 2 = l2 (squared distance)
 //
 // Ranking uses a 32-bit "key" per row: the float score mapped to an unsigned integer whose
@@ -67,6 +69,8 @@ struct ParamsHead {
     u32 fseg;     // batch_filter: steps per cruise segment (<= 1: a barrier every step)
     u32 seq;      // single query: sequence number published after the results
     float qscale; // single query, f16 packed path: max |q| (the query is scaled to <= 1 in f16)
+    u32 kf;       // DTYPE 4: candidates the 8-bit stage keeps (k is the 4-bit pass's count)
+    u32 _pad;
 };
 static_assert(sizeof(ParamsHead) == PARAMS_HEAD, "Params head: mirrored in cuda/mod.rs (PARAMS_HEAD)");
 static_assert(KCUT % 4 == 0, "merge_cut reads the cut candidates four at a time");
@@ -87,8 +91,21 @@ struct Table {
     const u64* created;
     const u64* expires;
     const u32* mask;         // metadata filter: bit r set = row r may match; NULL = no filter
-    const float* rscale;     // DTYPE 3: each row's scale (x ~ rscale * code); else unused
+    const float* rscale;     // DTYPE 3 and 4: each row's 8-bit scale (x ~ rscale * code); else unused
+    const void* codes8;      // DTYPE 4: the 8-bit codes (NV8 16-byte vectors a row); else unused
 };
+
+#if DTYPE == 4
+// The merge's best k candidates (k <= NT), by 4-bit rank, for the 8-bit stage (scan.cu,
+// rescore8) instead of the response.
+struct Resc {
+    u32 key[NT];
+    u32 row[NT];
+    u32 cnt;     // candidates kept (min(c, k))
+    u32 cutinc;  // the FLAG_CUT merge could not prove its k complete
+};
+__shared__ Resc RX;
+#endif
 
 __device__ __forceinline__ u32 f2key(float f) {
     u32 u = __float_as_uint(f);
@@ -140,8 +157,8 @@ __device__ __forceinline__ bool row_live(const Table& T, u32 row) {
     return !T.mask || ((__ldg(T.mask + (row >> 5)) >> (row & 31)) & 1u);
 }
 
-#if DTYPE == 3 && !QREG
-#error "the int8 scan needs the query slice in registers (Geometry::of_codes(dim).qreg)"
+#if (DTYPE == 3 || DTYPE == 4) && !QREG
+#error "the int8 scan needs the query slice in registers (Geometry::of_codes / of_nibbles(dim).qreg)"
 #endif
 
 // Dot product of 16 signed bytes with 16 packed query codes, accumulated exactly in 32 bits.
@@ -150,6 +167,21 @@ __device__ __forceinline__ int dot16i(uint4 v, const u32* q, int acc) {
     asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.y), "r"(q[1]));
     asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.z), "r"(q[2]));
     asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.w), "r"(q[3]));
+    return acc;
+}
+
+// Dot product of 32 packed 4-bit codes (byte b: element 2b in the low nibble, 2b + 1 in the
+// high one, each stored as code + 8 in 1..15) with the query's codes, the even elements of each
+// word's eight packed in qe and the odd ones in qo. Accumulated exactly in 32 bits; the caller
+// subtracts 8 * (sum of the query's codes).
+__device__ __forceinline__ int dot32n(uint4 v, const u32* qe, const u32* qo, int acc) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const u32 lo = w[e] & 0x0f0f0f0fu, hi = (w[e] >> 4) & 0x0f0f0f0fu;
+        asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(lo), "r"(qe[e]));
+        asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(hi), "r"(qo[e]));
+    }
     return acc;
 }
 
@@ -205,6 +237,27 @@ __device__ __forceinline__ float l2_score(float dot, float qnorm, float norm) {
     return -fmaxf(qnorm - 2.0f * dot + norm, 0.0f);
 }
 
+// Score of a row from its dot product: for l2 the negated distance, then recency weighting.
+__device__ __forceinline__ float row_score(float dot, float qnorm, u32 row, const Params& P, const float* norms,
+                                           const u64* created) {
+#if METRIC == 2
+    float s = l2_score(dot, qnorm, norms[row]);
+#else
+    float s = dot;
+#endif
+    if (P.flags & FLAG_RECENCY) {
+        u64 c = created[row];
+        u64 age = P.now_ms > c ? P.now_ms - c : 0ull;
+        float boost = (float)exp2(-(double)age / P.hl);
+        s = (1.0f - P.w) * s + P.w * boost;
+    }
+    return s;
+}
+
+// The 4-bit codes' scale over the 8-bit one: a row whose largest magnitude is m has 8-bit scale
+// m / 127 (T.rscale) and 4-bit scale m / 7.
+#define NIB_RATIO (127.0f / 7.0f)
+
 // Raw similarity (dot, or for l2 the dot turned into a negated distance) -> ranking key,
 // applying recency, the namespace filter and expiry. `sns` is the filter in shared memory.
 __device__ __forceinline__ u32 make_key(float dot, float qnorm, u32 row, const Params& P, const Table& T,
@@ -213,18 +266,10 @@ __device__ __forceinline__ u32 make_key(float dot, float qnorm, u32 row, const P
     // The int8 scan's approximate dot product: the integer sum times both scales, multiplied
     // in the order of the CPU engine's (src/engine/cpu/mod.rs, score_rows).
     dot = dot * (P.qscale * T.rscale[row]);
+#elif DTYPE == 4
+    dot = dot * (P.qscale * (T.rscale[row] * NIB_RATIO));
 #endif
-#if METRIC == 2
-    float s = l2_score(dot, qnorm, T.norms[row]);
-#else
-    float s = dot;
-#endif
-    if (P.flags & FLAG_RECENCY) {
-        u64 c = T.created[row];
-        u64 age = P.now_ms > c ? P.now_ms - c : 0ull;
-        float boost = (float)exp2(-(double)age / P.hl);
-        s = (1.0f - P.w) * s + P.w * boost;
-    }
+    const float s = row_score(dot, qnorm, row, P, T.norms, T.created);
     bool ok = true;
     if (P.nns != NONE_U32) {
         u64 ns = T.ns[row];
@@ -469,12 +514,25 @@ __device__ void sort_and_write(u32* skey, u32* srow, u64* sid, u32 c, const u64*
                     if (jbetter == up) {
                         skey[i] = kj; skey[j] = ki;
                         sid[i] = ij; sid[j] = ii;
+#if DTYPE == 4
+                        const u32 ri = srow[i];
+                        srow[i] = srow[j];
+                        srow[j] = ri;
+#endif
                     }
                 }
             }
             __syncthreads();
         }
     }
+#if DTYPE == 4
+    for (u32 i = t; i < c; i += NT) {  // c <= k <= NT
+        RX.key[i] = skey[i];
+        RX.row[i] = srow[i];
+    }
+    if (t == 0) RX.cnt = c;
+    return;
+#endif
     for (u32 i = t; i < c; i += NT) {
         out_ids[i] = sid[i];
         out_scores[i] = key_score(skey[i]);
@@ -536,6 +594,14 @@ __device__ void rank_write(const u32* mkey, const u32* mrow, u32 c, u32 k, const
             const u64 ij = sid[j];
             r += (kj > kk || (kj == kk && ij < id)) ? 1u : 0u;
         }
+#if DTYPE == 4
+        if (r < k) {
+            RX.key[r] = kk;
+            RX.row[r] = mrow[t];
+        }
+    }
+    if (t == 0) RX.cnt = min(c, k);
+#else
         if (r < k) {
             out_ids[r] = id;
             out_scores[r] = key_score(kk);
@@ -546,6 +612,7 @@ __device__ void rank_write(const u32* mkey, const u32* mrow, u32 c, u32 k, const
         *out_count = min(c, k);
         if (dst) dst[0] = min(c, k);
     }
+#endif
 }
 
 // A lower bound of the k-th largest (k <= BOUND_K) of the values the block holds, one `tmax` per
@@ -826,7 +893,11 @@ __device__ __noinline__ void merge_cut(const u32* ckey, const u32* crow, u32 gri
     __syncthreads();
     if (c > MCAP) M.select_global(ckey, crow, total, lo, k, ids, S);  // heavy ties at the bound
     else M.rank(c, k, ids, S);
+#if DTYPE == 4
+    if (t == 0) RX.cutinc = incomplete ? 1u : 0u;
+#else
     if (t == 0 && incomplete) *(u32*)out |= CUT_FLAG;
+#endif
 }
 
 #define FULLMASK 0xffffffffu

@@ -24,6 +24,75 @@ struct Arg {
 };
 #endif
 
+#if DTYPE == 4
+// 16-byte vectors of an 8-bit code row (the dimension padded to 16 bytes; Geometry::of_codes).
+#define NV8 ((DIM + 15) / 16)
+
+// The 4-bit pass's 8-bit stage: X's c candidates (the best P.k rows by 4-bit key, best first)
+// are scored from their 8-bit codes C8 as the int8 scan scores a row (the filters already
+// applied by the pass), ranked by that key (ties: lower id), and the best P.kf written to out
+// as the int8 scan writes its candidates. Slot P.k - 1 (kf < k) carries the pass's own cut: its
+// candidate count in the ids, the 4-bit score of its last candidate in the scores. Table's fields
+// come by value: a reference to the kernel's by-value Table would copy it to the stack.
+__device__ __noinline__ void rescore8(const Params& P, const uint4* C8, const float* rscale, const float* norms,
+                                      const u64* created, const u64* ids, const float* qg, Resc& X,
+                                      unsigned char* smem, unsigned char* out) {
+    const u32 t = threadIdx.x;
+    const u32 c = X.cnt, k = P.k, kf = P.kf;
+    u32* q8 = (u32*)smem;            // the query's codes, four to a word (NV8 * 4 words)
+    u32* key8 = q8 + NV8 * 4;        // the candidates' 8-bit keys
+    u64* sid = (u64*)(key8 + NT);    // and ids
+    for (u32 w = t; w < NV8 * 4; w += NT) {
+        u32 x = 0u;
+#pragma unroll
+        for (u32 j = 0; j < 4; j++) {
+            const u32 d = 4 * w + j;
+            const int v = d < DIM ? (int)qg[d] : 0;
+            x |= ((u32)v & 0xffu) << (8 * j);
+        }
+        q8[w] = x;
+    }
+    __syncthreads();
+    // Eight lanes a row, NT / 8 rows at a time; every lane of a warp runs the same trip count.
+    const u32 g = t >> 3, gl = t & 7;
+    for (u32 i0 = 0; i0 < c; i0 += NT / 8) {
+        const u32 i = i0 + g;
+        int a = 0;
+        if (i < c) {
+            const uint4* row = C8 + (size_t)X.row[i] * NV8;
+            for (u32 v = gl; v < NV8; v += 8) a = dot16i(__ldg(row + v), q8 + 4 * v, a);
+        }
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o, 8);
+        if (gl == 0 && i < c) {
+            const u32 r = X.row[i];
+            const float s = row_score((float)a * (P.qscale * rscale[r]), P.qnorm, r, P, norms, created);
+            key8[i] = f2key(s);
+            sid[i] = ids[r];
+        }
+    }
+    __syncthreads();
+    if (t < c) {
+        const u32 kk = key8[t];
+        const u64 id = sid[t];
+        u32 r = 0;
+        for (u32 j = 0; j < c; j++) {
+            const u32 kj = key8[j];
+            r += (kj > kk || (kj == kk && sid[j] < id)) ? 1u : 0u;
+        }
+        if (r < kf) {
+            ((u64*)(out + 8))[r] = id;
+            ((float*)(out + 8 + 8 * (size_t)k))[r] = key_score(kk);
+        }
+    }
+    if (t == 0) {
+        ((u64*)(out + 8))[k - 1] = c;
+        ((float*)(out + 8 + 8 * (size_t)k))[k - 1] = c > 0u ? key_score(X.key[c - 1]) : __int_as_float(0xff800000);
+        *(u32*)out = min(c, kf) | (X.cutinc ? CUT_FLAG : 0u);
+    }
+}
+#endif
+
 // The whole single-query path after P (shared) and the query (qg: DP floats, shared or global)
 // are in place.
 __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg, const Table& T, u32* cand_key,
@@ -57,6 +126,30 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
                 w |= ((u32)x & 0xffu) << (8 * j);
             }
             qi[c][e] = w;
+        }
+    }
+#elif DTYPE == 4
+    // The query's integer codes (passed as floats), four to a word: of each word of 4-bit codes
+    // (eight elements) the even elements in qe, the odd ones in qo. qadj: this lane's share of
+    // -8 * (sum of the codes), which undoes the codes' offset of 8.
+    u32 qe[NCH][4], qo[NCH][4];
+    int qadj = 0;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        int vi = c * GS + lane;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u32 we = 0, wo = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int xe = (vi < NV) ? (int)qg[vi * VEC + 8 * e + 2 * j] : 0;
+                const int xo = (vi < NV) ? (int)qg[vi * VEC + 8 * e + 2 * j + 1] : 0;
+                we |= ((u32)xe & 0xffu) << (8 * j);
+                wo |= ((u32)xo & 0xffu) << (8 * j);
+                qadj -= 8 * (xe + xo);
+            }
+            qe[c][e] = we;
+            qo[c][e] = wo;
         }
     }
 #elif HALF2_DOT
@@ -110,12 +203,18 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
             for (int c = 0; c < NCH; c++) v[u][c] = nxt[u][c];
         load_rows(nxt, wb + wstep);
         float acc[RU];
-#if DTYPE == 3
+#if DTYPE == 3 || DTYPE == 4
 #pragma unroll
         for (int u = 0; u < RU; u++) {
+#if DTYPE == 3
             int a = 0;
 #pragma unroll
             for (int c = 0; c < NCH; c++) a = dot16i(v[u][c], qi[c], a);
+#else
+            int a = qadj;
+#pragma unroll
+            for (int c = 0; c < NCH; c++) a = dot32n(v[u][c], qe[c], qo[c], a);
+#endif
 #pragma unroll
             for (int o = GS / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o, GS);
             acc[u] = (float)a;
@@ -262,6 +361,11 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     if (PROF && t == 0) stamp(out, 4);
     if (cut) merge_cut(cand_key, cand_row, P.grid, k, P.k, S.mcut, T.ids, smem, S, out);
     else merge_flat(cand_key, cand_row, total, bound, k, T.ids, (u32*)P.dst, smem, S, out);
+#if DTYPE == 4
+    if (t == 0 && !cut) RX.cutinc = 0u;
+    __syncthreads();
+    rescore8(P, (const uint4*)T.codes8, T.rscale, T.norms, T.created, T.ids, qg, RX, smem, out);
+#endif
     // `out` is pinned host memory mapped into the device: the server thread spins on the
     // sequence word, so publish it only after every result is visible to the host.
     __syncthreads();
@@ -288,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(NT) scan_topk(const unsigned char* 
 #if BYVAL
 
 // The compact by-value argument: Params' head, the response address and up to NS_INLINE
-// namespaces, 104 bytes in place of Params' 640 (a filter of more namespaces takes
+// namespaces, 112 bytes in place of Params' 640 (a filter of more namespaces takes
 // scan_topk_v). Each request's graph update copies the whole argument: on the H200 a kernel
 // node with a 4-byte argument answers in 6.4-6.6 us, with 1152 bytes in 9.4-9.6 us
 // (tests/gpu/probe_resident.cu). Layout mirrored in src/engine/cuda/single.rs (ParamsC).

@@ -45,9 +45,11 @@ extern "C" __global__ void scatter_rows(const u32* __restrict__ rows, const floa
 // The int8 scan's copy (scan = "int8"): each staged row quantized as src/engine/quant.rs does
 // it (per-row symmetric scale s = max|x| / 127, codes round(x * (127 / max|x|)) clamped to
 // +-127; a zero or non-finite maximum gives scale 0 and zero codes), into rows of dp8 bytes
-// (zero padded). One warp per row.
+// (zero padded). With nib (the 4-bit first pass on), also 4-bit codes into rows of dpn bytes
+// (padding elements code 0). One warp per row.
 extern "C" __global__ void quantize_rows(const u32* __restrict__ rows, const float* __restrict__ src, u32 m,
-                                         u32 dp8, signed char* codes, float* scales) {
+                                         u32 dp8, signed char* codes, float* scales, u32 dpn,
+                                         unsigned char* nib) {
     const u32 lane = threadIdx.x & 31;
     const u32 nw = (gridDim.x * blockDim.x) >> 5;
     for (u32 j = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; j < m; j += nw) {
@@ -62,6 +64,21 @@ extern "C" __global__ void quantize_rows(const u32* __restrict__ rows, const flo
             const float v = c < DIM ? x[c] : 0.0f;
             const float q = zero ? 0.0f : fminf(fmaxf(roundf(__fmul_rn(v, inv)), -127.0f), 127.0f);
             o[c] = (signed char)(int)q;
+        }
+        if (nib) {  // 4-bit codes round(x * 7 / max|x|), stored + 8, two to a byte (low first)
+            const float inv4 = zero ? 0.0f : __fdiv_rn(7.0f, mx);
+            unsigned char* o4 = nib + (size_t)rows[j] * dpn;
+            for (u32 c = lane; c < dpn; c += 32) {
+                u32 b = 0;
+#pragma unroll
+                for (u32 h = 0; h < 2; h++) {
+                    const u32 d = 2 * c + h;
+                    const float v = d < DIM ? x[d] : 0.0f;
+                    const float q = zero ? 0.0f : fminf(fmaxf(roundf(__fmul_rn(v, inv4)), -7.0f), 7.0f);
+                    b |= (u32)((int)q + 8) << (4 * h);
+                }
+                o4[c] = (unsigned char)b;
+            }
         }
         if (lane == 0) scales[rows[j]] = zero ? 0.0f : __fdiv_rn(mx, 127.0f);
     }

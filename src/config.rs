@@ -148,6 +148,9 @@ pub struct Tuning {
     pub gather_us: Option<u64>,
     /// The most queries a multi-query pass takes (`KALOS_MULTI_MAXQ`, 0 to 32; 0 = never).
     pub multi_maxq: Option<usize>,
+    /// Candidates of the CUDA int8 scan's 4-bit first pass (`KALOS_INT8_NIBBLE`; unset or 0: no
+    /// first pass; else 2 to 256).
+    pub int8_nibble: Option<usize>,
     /// `KALOS_HUGE_PAGES` (default on): back the table's vectors with transparent huge pages.
     pub huge_pages: bool,
 }
@@ -210,6 +213,10 @@ impl Tuning {
         if let Some(n) = multi_maxq.filter(|n| *n > 32) {
             return Err(bad("KALOS_MULTI_MAXQ", &n.to_string(), "0 to 32"));
         }
+        let int8_nibble: Option<usize> = num(&var, "KALOS_INT8_NIBBLE")?;
+        if let Some(n) = int8_nibble.filter(|n| *n == 1 || *n > 256) {
+            return Err(bad("KALOS_INT8_NIBBLE", &n.to_string(), "0 (off) or 2 to 256"));
+        }
         Ok(Tuning {
             backend,
             cpu_threads,
@@ -231,6 +238,7 @@ impl Tuning {
             cuda_fault_after: num(&var, "KALOS_CUDA_FAULT_AFTER")?,
             gather_us: num(&var, "KALOS_GATHER_US")?,
             multi_maxq,
+            int8_nibble,
         })
     }
 }
@@ -313,6 +321,7 @@ mod tests {
                 cuda_fault_after: None,
                 gather_us: None,
                 multi_maxq: None,
+                int8_nibble: None,
                 huge_pages: true,
             }
         );
@@ -341,6 +350,7 @@ mod tests {
             ("KALOS_CUDA_FAULT_AFTER", "5"),
             ("KALOS_GATHER_US", "0"),
             ("KALOS_MULTI_MAXQ", "8"),
+            ("KALOS_INT8_NIBBLE", "128"),
             ("KALOS_HUGE_PAGES", "0"),
         ])
         .unwrap();
@@ -366,6 +376,7 @@ mod tests {
                 cuda_fault_after: Some(5),
                 gather_us: Some(0),
                 multi_maxq: Some(8),
+                int8_nibble: Some(128),
                 huge_pages: false,
             }
         );
@@ -391,6 +402,8 @@ mod tests {
             ("KALOS_DATA_DIR_MODE", "rwxr-x---"),
             ("KALOS_GATHER_US", "soon"),
             ("KALOS_MULTI_MAXQ", "33"),
+            ("KALOS_INT8_NIBBLE", "1"),
+            ("KALOS_INT8_NIBBLE", "257"),
             ("KALOS_HUGE_PAGES", "yes"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();

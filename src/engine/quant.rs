@@ -112,6 +112,21 @@ impl QueryCode {
         let round = (dim as f32 + 2.0) * f32::EPSILON * self.abs_sum * (QMAX + 0.5) * t.max_scale;
         (quant + 2.0 * round) * (1.0 + 1e-5)
     }
+
+    /// As [`QueryCode::bound`], for the GPU's 4-bit first pass (`KALOS_INT8_NIBBLE`): each
+    /// row's codes `round(x_i · 7 / max|x|)` with scale `s₄ = 127 s_x / 7`, scored with the
+    /// query's 8-bit codes. With `|e₄| ≤ s₄/2` per coordinate the error is at most
+    /// `s₄‖q‖₁/2 + s_q‖s₄x̂‖₁/2`, and `‖s₄x̂‖₁ ≤ ‖x‖₁ + dim·s₄/2 ≤ s_x‖x̃‖₁ + dim·(s_x + s₄)/2`;
+    /// plus the f32 rounding of both scores and of `s₄` itself (a few ε of the approximate
+    /// score, at most `(‖q‖₁ + dim·s_q/2)·7.5·s₄`).
+    pub(crate) fn bound4(&self, dim: usize, t: &QuantStats) -> f32 {
+        let s4 = t.max_scale * (QMAX / 7.0);
+        let l1 = t.max_scaled_l1 + dim as f32 * (t.max_scale + s4) / 2.0;
+        let quant = 0.5 * (s4 * self.abs_sum + self.scale * l1);
+        let approx = (self.abs_sum + dim as f32 * self.scale / 2.0) * 7.5 * s4;
+        let round = (dim as f32 + 2.0) * f32::EPSILON * self.abs_sum * (QMAX + 0.5) * t.max_scale;
+        (quant + 2.0 * round + 8.0 * f32::EPSILON * approx) * (1.0 + 1e-5)
+    }
 }
 
 /// Table-wide maxima for the error bound. They only grow between rebuilds (a deleted row may
@@ -179,6 +194,10 @@ pub(crate) struct Cut {
     pub floor: f32,
     /// Bound on |exact key − approximate key| of any row ([`key_bound`]).
     pub bound: f32,
+    /// A first pass before the candidates (the GPU's 4-bit codes) left matching rows out: the
+    /// 4-bit key of its last candidate, which no row it left out exceeded, and the bound on
+    /// |exact key − 4-bit key| of any row.
+    pub first: Option<(f32, f32)>,
 }
 
 /// Buffers of [`rerank`], reused across queries; `top` holds the answer after each call.
@@ -217,12 +236,10 @@ pub(crate) fn rerank(
     for (c, &key) in cands.iter().zip(keys.iter()) {
         top.push(key, c.1);
     }
-    if !cut.full {
-        return false;
-    }
     let kth = if top.len() < k { f32::NEG_INFINITY } else { top.threshold() };
     // A NaN bound or floor counts as uncertain.
-    !matches!(kth.partial_cmp(&(cut.floor + cut.bound)), Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal))
+    let below = |reach: f32| !matches!(kth.partial_cmp(&reach), Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal));
+    (cut.full && below(cut.floor + cut.bound)) || cut.first.is_some_and(|(f, b)| below(f + b))
 }
 
 /// Exact keys of `rows` from [`FullRows`] for `metric` (the engine-independent scorer a device
@@ -305,6 +322,39 @@ mod tests {
     }
 
     #[test]
+    fn the_four_bit_bound_holds_for_every_row() {
+        // The GPU's first pass (kernels/table.cu quantize_rows): codes round(x · 7 / max|x|),
+        // scored with the query's 8-bit codes at scale (max|x| / 127) · (127 / 7), in f32.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (dim, n) = (200, 2000);
+        let rows: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0f32..1.0) * rng.random_range(0.0f32..1.0)).collect();
+        let mut c8 = vec![0i8; code_stride(dim)];
+        let mut st = QuantStats::default();
+        let mut quant = Vec::new();
+        for r in 0..n {
+            let x = &rows[r * dim..(r + 1) * dim];
+            let (s, l1) = quantize_row(x, &mut c8);
+            st.add(s, l1);
+            let m = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let c4: Vec<i32> = x.iter().map(|&v| (v * (7.0 / m)).round().clamp(-7.0, 7.0) as i32).collect();
+            quant.push((s, c4));
+        }
+        let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mut qc = QueryCode::default();
+        qc.set(&q);
+        let b4 = qc.bound4(dim, &st);
+        let mut worst = 0.0f64;
+        for (r, (s, c4)) in quant.iter().enumerate() {
+            let exact: f64 = q.iter().zip(&rows[r * dim..(r + 1) * dim]).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let dot: i32 = qc.codes[..dim].iter().zip(c4).map(|(&a, &b)| a as i32 * b).sum();
+            let approx = (dot as f32 * (qc.scale * (s * (QMAX / 7.0)))) as f64;
+            worst = worst.max((exact - approx).abs());
+        }
+        assert!(worst <= b4 as f64, "error {worst} above the bound {b4}");
+        assert!(b4 > qc.bound(dim, &st) && (b4 as f64) < 50.0 * worst, "bound {b4} vs largest error {worst}");
+    }
+
+    #[test]
     fn rerank_count_adapts_to_k() {
         assert_eq!(rerank_count(0, 1), 64);
         assert_eq!(rerank_count(0, 10), 80);
@@ -320,7 +370,7 @@ mod tests {
         let mut sc = RerankScratch::default();
         let mut run = |full, floor, bound| {
             let key = |r: &[u32], k: &mut [f32]| r.iter().zip(k).for_each(|(&r, k)| *k = exact[r as usize]);
-            let u = rerank(&cands, 2, Cut { full, floor, bound }, &mut sc, key);
+            let u = rerank(&cands, 2, Cut { full, floor, bound, first: None }, &mut sc, key);
             (u, sc.top.sorted())
         };
         // k-th exact key 0.7; rows left out are at most 0.6 + 0.05: certain.

@@ -132,7 +132,7 @@ def main():
     del tQ, tX
     torch.cuda.empty_cache()
 
-    def measure(label, scan, rerank, batch):
+    def measure(label, scan, rerank, batch, nib=False):
         base = gpu_used()
         st = Store(lib, "i8b-%s-%d" % (label, os.getpid()), dim=dim, metric=IP, dtype=F16, backend=CUDA, capacity=n + 16,
                    scan=scan, rerank=rerank, slot_bytes=1 << 23)
@@ -150,7 +150,7 @@ def main():
                    uncertain=int(s1.rerank_uncertain - s0.rerank_uncertain), reranked=int(s1.rerank_queries - s0.rerank_queries),
                    load_s=round(load_s, 1), slowest_chunks=slow,
                    device_bytes_per_row=dev / n if dev > 0 else None,
-                   device_bytes_per_row_table=2 * dim + 36 + ((dim + 15) // 16 * 16 + 4 if scan else 0))
+                   device_bytes_per_row_table=2 * dim + 36 + ((dim + 15) // 16 * 16 + 4 + (nib_bytes if nib else 0) if scan else 0))
         if batch:
             qb = np.ascontiguousarray(Q[:1024])
             for _ in range(2):
@@ -163,10 +163,15 @@ def main():
         out["rows"][label] = row
         print("%-12s %s" % (label, json.dumps(row)), flush=True)
 
+    # The CUDA int8 scan's 4-bit first pass (KALOS_INT8_NIBBLE=<count>, read once per process;
+    # off by default) takes the queries whose R is below its count, at dimensions up to 1024.
+    nib_count = int(os.environ.get("KALOS_INT8_NIBBLE", "0"))
+    nib_bytes = (dim + 31) // 32 * 16 if nib_count >= 2 and dim <= 1024 else 0
     if not a.no_exact:
         measure("exact", 0, 0, not a.no_batch)
     for i, r in enumerate(int(x) for x in a.rerank.split(",")):
-        measure("int8-R%s" % (r or "default"), 1, r, i == 0 and not a.no_batch)
+        nib = nib_bytes > 0 and (r or max(8 * K, 64)) < nib_count
+        measure("int8-R%s%s" % (r or "default", "-nib%d" % nib_count if nib else ""), 1, r, i == 0 and not a.no_batch, nib)
     print("int8 bench %d x %d f16, k=%d: torch single p50 %.1f us" % (n, dim, K, tp50))
     print("| mode | p50 us | p99 us | recall@10 | min | uncertain | batch-1024 q/s | device B/row (measured / columns) |")
     print("|---|---|---|---|---|---|---|---|")

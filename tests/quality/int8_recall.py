@@ -9,7 +9,10 @@ the documented run).
 Parts (each optional):
   --simulate   numpy model of the int8 scan with per-vector and per-dimension scales (the same
                rounding as src/engine/quant.rs), recall@10 at several re-rank counts R: the
-               measurement behind the choice of per-vector scales.
+               measurement behind the choice of per-vector scales; and of the CUDA engine's 4-bit
+               first pass (KALOS_INT8_NIBBLE: codes round(x * 7 / max|x|), its best R4 re-scored
+               from the per-vector 8-bit codes into the R candidates), recall@10 at each R for
+               R4 = 128 and 256.
   (default)    the real thing through the Python binding: an exact store and one int8 store per
                R (CPU engine, in-process server), recall@10 of every held-out query against the
                exact store's answer, its distribution, and the server's rerank_uncertain count.
@@ -90,6 +93,29 @@ def simulate(table, queries, truth, rs):
                     recalls[r].append(len(set(a) & set(b)) / K)
         res[name] = {r: float(np.mean(v)) for r, v in recalls.items()}
         print(f"simulate {name}: " + ", ".join(f"R={r}: {res[name][r]:.5f}" for r in rs), flush=True)
+    # The 4-bit first pass: nibble codes with the 8-bit scale times 127 / 7, the query's 8-bit
+    # codes; its best R4 ranked by the per-vector 8-bit score, the best R of those re-scored.
+    s4 = np.abs(table).max(1, keepdims=True) / 7.0
+    c4 = quantize(table, s4).astype(np.float32)  # |x / s4| <= 7
+    s4 = s4.ravel()
+    c8, s8 = schemes["per-vector"][0], schemes["per-vector"][1]
+    for r4 in (128, 256):
+        recalls = {r: [] for r in rs if r < r4}
+        for i in range(0, len(queries), 256):
+            a4 = (qc[i : i + 256] @ c4.T) * qs[i : i + 256] * s4[None, :]
+            a8 = (qc[i : i + 256] @ c8.T) * qs[i : i + 256] * s8[None, :]
+            exact = queries[i : i + 256] @ table.T
+            c1 = np.argpartition(-a4, r4, axis=1)[:, :r4]
+            o8 = np.argsort(-np.take_along_axis(a8, c1, 1), axis=1, kind="stable")
+            for r in recalls:
+                cand = np.take_along_axis(c1, o8[:, :r], 1)
+                ex = np.take_along_axis(exact, cand, 1)
+                top = np.take_along_axis(cand, np.argsort(-ex, axis=1, kind="stable")[:, :K], 1)
+                for a, b in zip(top, truth[i : i + 256]):
+                    recalls[r].append(len(set(a) & set(b)) / K)
+        name = "4-bit first pass, R4=%d" % r4
+        res[name] = {r: float(np.mean(v)) for r, v in recalls.items()}
+        print(f"simulate {name}: " + ", ".join(f"R={r}: {res[name][r]:.5f}" for r in recalls), flush=True)
     return res
 
 

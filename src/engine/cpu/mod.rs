@@ -418,7 +418,7 @@ impl CpuEngine {
             let floor = top.threshold();
             self.cands.clear();
             self.cands.extend(top.sorted().into_iter().map(|(_, id)| (store.row_of(id).expect("candidate id in the store") as u32, id)));
-            self.rerank_one(store, req, qi, full, floor, o);
+            self.rerank_one(store, req, qi, full, floor, None, o);
         }
     }
 
@@ -434,7 +434,10 @@ impl CpuEngine {
     /// The re-ranking step for candidates another engine found (the GPU's int8 scan) for the
     /// single query `q` of `req`, quantized last by [`CpuEngine::query_code`]: `cands` are
     /// the best rows by approximate score (`full`: some matching row was left out, and every
-    /// row left out had at most the approximate key `floor`). The best `req.k` go to `out`.
+    /// row left out had at most the approximate key `floor`). `first`: the candidates came
+    /// through a 4-bit first pass that left matching rows out, none of which had a 4-bit key
+    /// above this. The best `req.k` go to `out`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn rerank_candidates(
         &mut self,
         store: &Store,
@@ -442,15 +445,26 @@ impl CpuEngine {
         cands: &[Hit],
         full: bool,
         floor: f32,
+        first: Option<f32>,
         out: &mut Vec<Hit>,
     ) {
         self.cands.clear();
         self.cands.extend(cands.iter().filter_map(|h| store.row_of(h.id).map(|r| (r as u32, h.id))));
-        self.rerank_one(store, req, 0, full, floor, out);
+        self.rerank_one(store, req, 0, full, floor, first, out);
     }
 
     /// Re-ranks `self.cands`, query `qi`'s candidates (row, id), into `o`.
-    fn rerank_one(&mut self, store: &Store, req: &SearchRequest<'_>, qi: usize, full: bool, floor: f32, o: &mut Vec<Hit>) {
+    #[allow(clippy::too_many_arguments)]
+    fn rerank_one(
+        &mut self,
+        store: &Store,
+        req: &SearchRequest<'_>,
+        qi: usize,
+        full: bool,
+        floor: f32,
+        first: Option<f32>,
+        o: &mut Vec<Hit>,
+    ) {
         let (dim, metric, nq) = (store.dim(), store.metric(), req.nq);
         let l2 = metric == Metric::L2;
         let (vectors, norms, created) = (store.vectors(), store.norms(), store.created_ms());
@@ -480,7 +494,8 @@ impl CpuEngine {
                 }
             }
         };
-        let uncertain = quant::rerank(&self.cands, req.k, quant::Cut { full, floor, bound }, &mut self.rr, exact_key);
+        let first = first.map(|f| (f, quant::key_bound(metric, req.recency, self.qcodes[qi].bound4(dim, &self.quant.stats))));
+        let uncertain = quant::rerank(&self.cands, req.k, quant::Cut { full, floor, bound, first }, &mut self.rr, exact_key);
         self.rr.top.drain_hits_into(metric, o);
         self.reranked += 1;
         self.uncertain += uncertain as u64;

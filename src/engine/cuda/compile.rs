@@ -45,7 +45,7 @@ pub(crate) const KMAX: usize = MAX_K;
 /// Bytes reserved for `Params` in a request block (the query follows).
 pub(crate) const PARAMS_BYTES: usize = 640;
 /// `Params`' fields before the namespace list: the head both by-value arguments start with.
-pub(crate) const PARAMS_HEAD: usize = 64;
+pub(crate) const PARAMS_HEAD: usize = 72;
 /// Dynamic shared memory of the search kernels before the query copy: the chunk keys share the
 /// first `MCAP * 8` bytes with the merge input (keys and rows), then `KMAX * 16` bytes of merge
 /// output (keys, rows and ids).
@@ -128,6 +128,12 @@ impl Geometry {
         Geometry::with_vec(dim, 16)
     }
 
+    /// The int8 scan's 4-bit first pass (32 codes per 16-byte load): the dimensions whose
+    /// geometry holds the query slice in registers (up to 1024).
+    pub fn of_nibbles(dim: usize) -> Geometry {
+        Geometry::with_vec(dim, 32)
+    }
+
     fn with_vec(dim: usize, vec: usize) -> Geometry {
         let dp = dim.div_ceil(vec) * vec;
         let nv = dp / vec;
@@ -163,16 +169,32 @@ pub struct KernelSpec {
     pub metric: Metric,
     /// Per-request phase timestamps (`KALOS_PROF=1`).
     pub prof: bool,
-    /// The int8 scan's single-query kernels (scan.cu over int8 codes, `DTYPE` 3); `dtype` is
-    /// then the store's and unused by the kernel.
-    pub codes: bool,
+    /// What the scan reads instead of the table's rows: the int8 scan's single-query kernels
+    /// over codes; `dtype` is then the store's and unused by the kernel.
+    pub codes: Codes,
+}
+
+/// The rows a scan kernel reads (`KernelSpec::codes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codes {
+    /// The table's rows in the store's dtype.
+    None,
+    /// The int8 scan's 8-bit codes (scan.cu, `DTYPE` 3).
+    Int8,
+    /// The int8 scan's 4-bit first pass (scan.cu, `DTYPE` 4): 4-bit codes, the best candidates
+    /// re-scored from the 8-bit codes in the kernel.
+    Nibble,
 }
 
 impl KernelSpec {
     /// The NVRTC options for this specialisation: the target, the shared constants, the
     /// dimension's geometry, dtype and metric.
     pub fn options(&self) -> Vec<String> {
-        let g = if self.codes { Geometry::of_codes(self.dim) } else { Geometry::of(self.dim, self.dtype) };
+        let g = match self.codes {
+            Codes::None => Geometry::of(self.dim, self.dtype),
+            Codes::Int8 => Geometry::of_codes(self.dim),
+            Codes::Nibble => Geometry::of_nibbles(self.dim),
+        };
         // The kernels tell only l2 apart: cosine rows are stored normalised and scored as ip.
         let metric = if self.metric == Metric::L2 { 2 } else { 0 };
         let defines: [(&str, u64); 31] = [
@@ -198,7 +220,14 @@ impl KernelSpec {
             ("MQ_MAXQ", MQ_MAXQ as u64),
             ("MQ_OUT_STRIDE", MQ_OUT_STRIDE as u64),
             ("DIM", self.dim as u64),
-            ("DTYPE", if self.codes { 3 } else { self.dtype as u64 }),
+            (
+                "DTYPE",
+                match self.codes {
+                    Codes::None => self.dtype as u64,
+                    Codes::Int8 => 3,
+                    Codes::Nibble => 4,
+                },
+            ),
             ("METRIC", metric),
             ("VEC", g.vec as u64),
             ("DP", g.dp as u64),
@@ -225,7 +254,11 @@ impl KernelSpec {
         format!(
             "{} {} {} dim={}{}",
             self.arch,
-            if self.codes { "int8" } else { self.dtype.name() },
+            match self.codes {
+                Codes::None => self.dtype.name(),
+                Codes::Int8 => "int8",
+                Codes::Nibble => "int4+int8",
+            },
             self.metric.name(),
             self.dim,
             if self.prof { " prof" } else { "" }
@@ -243,6 +276,11 @@ pub fn dim_classes(dtype: Dtype) -> Vec<usize> {
 /// As [`dim_classes`], for the int8 scan's kernels (the dimensions it serves on the GPU).
 pub fn code_dim_classes() -> Vec<usize> {
     classes_of(|d| Some(Geometry::of_codes(d)).filter(|g| g.qreg))
+}
+
+/// As [`dim_classes`], for the int8 scan's 4-bit first pass.
+pub fn nibble_dim_classes() -> Vec<usize> {
+    classes_of(|d| Some(Geometry::of_nibbles(d)).filter(|g| g.qreg))
 }
 
 fn classes_of(geo: impl Fn(usize) -> Option<Geometry>) -> Vec<usize> {
@@ -281,11 +319,12 @@ pub fn all_variants(archs: &[String], quick: bool) -> Vec<(Module, KernelSpec)> 
                 let dims = if module.by_geometry { ends(dim_classes(dtype)) } else { vec![1, MAX_GPU_DIM] };
                 for metric in [Metric::InnerProduct, Metric::L2] {
                     for &dim in &dims {
-                        v.push((module, KernelSpec { arch: arch.clone(), dim, dtype, metric, prof: false, codes: false }));
+                        v.push((module, KernelSpec { arch: arch.clone(), dim, dtype, metric, prof: false, codes: Codes::None }));
                     }
                 }
                 if module.profiled {
-                    let spec = KernelSpec { arch: arch.clone(), dim: 768, dtype, metric: Metric::InnerProduct, prof: true, codes: false };
+                    let spec =
+                        KernelSpec { arch: arch.clone(), dim: 768, dtype, metric: Metric::InnerProduct, prof: true, codes: Codes::None };
                     v.push((module, spec));
                 }
             }
@@ -293,12 +332,15 @@ pub fn all_variants(archs: &[String], quick: bool) -> Vec<(Module, KernelSpec)> 
         // The int8 scan: the scan module over codes (the store's dtype does not enter it).
         for metric in [Metric::InnerProduct, Metric::L2] {
             for dim in ends(code_dim_classes()) {
-                v.push((SCAN, KernelSpec { arch: arch.clone(), dim, dtype: Dtype::F16, metric, prof: false, codes: true }));
+                v.push((SCAN, KernelSpec { arch: arch.clone(), dim, dtype: Dtype::F16, metric, prof: false, codes: Codes::Int8 }));
+            }
+            for dim in ends(nibble_dim_classes()) {
+                v.push((SCAN, KernelSpec { arch: arch.clone(), dim, dtype: Dtype::F16, metric, prof: false, codes: Codes::Nibble }));
             }
         }
         v.push((
             SCAN,
-            KernelSpec { arch: arch.clone(), dim: 768, dtype: Dtype::F16, metric: Metric::InnerProduct, prof: true, codes: true },
+            KernelSpec { arch: arch.clone(), dim: 768, dtype: Dtype::F16, metric: Metric::InnerProduct, prof: true, codes: Codes::Int8 },
         ));
     }
     v
@@ -467,15 +509,24 @@ mod tests {
     fn code_classes_cover_every_register_geometry() {
         let g = Geometry::of_codes(768);
         assert_eq!((g.vec, g.dp, g.nv, g.gs, g.nch, g.qreg, g.byval), (16, 768, 48, 32, 2, true, true));
-        assert!(Geometry::of_codes(1536).qreg && !Geometry::of_codes(1537).qreg);
-        let dims = code_dim_classes();
-        let covered: std::collections::HashSet<_> = dims.iter().map(|&d| Geometry::of_codes(d).class()).collect();
-        let all: std::collections::HashSet<_> = (1..=MAX_GPU_DIM).map(Geometry::of_codes).filter(|g| g.qreg).map(|g| g.class()).collect();
-        assert_eq!(covered, all);
-        assert_eq!(*dims.last().unwrap(), 1536);
+        let g = Geometry::of_nibbles(768);
+        assert_eq!((g.vec, g.dp, g.nv, g.gs, g.nch, g.qreg), (32, 768, 24, 32, 1, true));
         let v = all_variants(&["sm_90".to_string()], false);
-        for metric in [Metric::InnerProduct, Metric::L2] {
-            assert!(v.iter().any(|(m, s)| *m == SCAN && s.codes && s.metric == metric && s.dim == 1536));
+        // (geometry, its dimension classes, the variants' codes, the largest dimension served)
+        type Case = (fn(usize) -> Geometry, Vec<usize>, Codes, usize);
+        let cases: [Case; 2] = [
+            (Geometry::of_codes, code_dim_classes(), Codes::Int8, 1536),
+            (Geometry::of_nibbles, nibble_dim_classes(), Codes::Nibble, 1024),
+        ];
+        for (geo, dims, codes, top) in cases {
+            assert!(geo(top).qreg && !geo(top + 1).qreg, "{codes:?}");
+            let covered: std::collections::HashSet<_> = dims.iter().map(|&d| geo(d).class()).collect();
+            let all: std::collections::HashSet<_> = (1..=MAX_GPU_DIM).map(geo).filter(|g| g.qreg).map(|g| g.class()).collect();
+            assert_eq!(covered, all, "{codes:?}");
+            assert_eq!(*dims.last().unwrap(), top);
+            for metric in [Metric::InnerProduct, Metric::L2] {
+                assert!(v.iter().any(|(m, s)| *m == SCAN && s.codes == codes && s.metric == metric && s.dim == top), "{codes:?}");
+            }
         }
     }
 
@@ -491,7 +542,7 @@ mod tests {
                 for metric in [Metric::InnerProduct, Metric::L2] {
                     let mine: Vec<&KernelSpec> = quick
                         .iter()
-                        .filter(|(x, s)| *x == m && s.dtype == dtype && s.metric == metric && !s.codes)
+                        .filter(|(x, s)| *x == m && s.dtype == dtype && s.metric == metric && s.codes == Codes::None)
                         .map(|(_, s)| s)
                         .collect();
                     assert!(!mine.is_empty(), "{} {dtype:?} {metric:?}", m.name);
@@ -503,7 +554,7 @@ mod tests {
                 }
             }
         }
-        assert!(quick.iter().any(|(_, s)| s.prof) && quick.iter().any(|(_, s)| s.codes && s.dim == 1536));
+        assert!(quick.iter().any(|(_, s)| s.prof) && quick.iter().any(|(_, s)| s.codes == Codes::Int8 && s.dim == 1536));
     }
 
     #[test]
@@ -519,7 +570,7 @@ mod tests {
 
     #[test]
     fn options_define_every_shared_constant_once() {
-        let s = KernelSpec { arch: "sm_90".into(), dim: 768, dtype: Dtype::F16, metric: Metric::Cosine, prof: false, codes: false };
+        let s = KernelSpec { arch: "sm_90".into(), dim: 768, dtype: Dtype::F16, metric: Metric::Cosine, prof: false, codes: Codes::None };
         let o = s.options();
         assert!(o.contains(&"--gpu-architecture=sm_90".to_string()));
         assert!(o.contains(&"-DMETRIC=0".to_string()), "cosine compiles as ip");

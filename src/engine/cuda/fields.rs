@@ -539,7 +539,7 @@ impl CudaEngine {
         ck("launch gather_rows", unsafe {
             sys::cuLaunchKernel(self.kern.gather_rows, blocks, 1, 1, NT, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
         })?;
-        Ok(TableArg { vecs: v, norms: nr, ids: id, ns, created: cr, expires: ex, mask: cm, rscale: 0 })
+        Ok(TableArg { vecs: v, norms: nr, ids: id, ns, created: cr, expires: ex, mask: cm, rscale: 0, codes8: 0 })
     }
 }
 

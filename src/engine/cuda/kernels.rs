@@ -141,7 +141,7 @@ fn scan_fns(m: &Arc<CudaModule>, byval: bool) -> Result<ScanFns> {
     };
     let topk_v = if byval { Some(getf("scan_topk_v")?) } else { None };
     // Graph mode sends requests filtered by at most NS_INLINE namespaces with the compact
-    // argument (104 bytes in place of 640): on the H200 at 10k x 128 f32 its server p50 was
+    // argument (112 bytes in place of 640): on the H200 at 10k x 128 f32 its server p50 was
     // 14.6-14.7 us against 14.8-16.1 with the full argument (docs/BENCHMARKS.md).
     let topk_c = topk_v.map(|_| getf("scan_topk_c")).transpose()?;
     Ok(ScanFns { topk: getf("scan_topk")?, topk_v, topk_c })

@@ -53,7 +53,7 @@ mod table;
 pub use batch::FILTER_SEG;
 use batch::{Batch, SCORE16_TILE_BYTES, SCORE_TILE_BYTES};
 pub(crate) use compile::MAX_GPU_DIM;
-use compile::{KernelSpec, FILTER_FU, FLAG_EXPIRY, FLAG_RECENCY, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF};
+use compile::{Codes, KernelSpec, FILTER_FU, FLAG_EXPIRY, FLAG_RECENCY, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF};
 use gate::Gate;
 use kernels::Kernels;
 use multi::Multi;
@@ -102,13 +102,16 @@ struct Params {
     fseg: u32,
     seq: u32,
     qscale: f32,
+    /// The int8 scan's 4-bit first pass: candidates its 8-bit stage keeps (`k` is the pass's).
+    kf: u32,
+    _pad: u32,
     ns: [u64; MAX_FILTER_NAMESPACES],
     /// Device address of the client's slot for the response body, or 0.
     dst: u64,
 }
 const _: () = assert!(std::mem::size_of::<Params>() <= PARAMS_BYTES);
 
-// Params' head (n .. qscale) is what both by-value arguments start with (`ParamsHead` in
+// Params' head (n .. kf) is what both by-value arguments start with (`ParamsHead` in
 // kernels/common.cuh, whose size the kernel checks against the same PARAMS_HEAD).
 const _: () = assert!(std::mem::offset_of!(Params, ns) == PARAMS_HEAD);
 
@@ -482,7 +485,7 @@ impl CudaEngine {
         let dim = store.dim();
         let dtype = opts.dtype;
         let metric = store.metric();
-        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: tune.prof, codes: false };
+        let spec = KernelSpec { arch: format!("sm_{}{}", cc.0, cc.1), dim, dtype, metric, prof: tune.prof, codes: Codes::None };
         let prof = spec.prof;
         let geo = compile::Geometry::of(dim, dtype);
         let dp = geo.dp;
@@ -530,7 +533,7 @@ impl CudaEngine {
         } else {
             None
         };
-        let dq = int8.as_ref().map_or(dp, |c| c.dp8.max(dp));
+        let dq = int8.as_ref().map_or(dp, |c| c.dp8.max(dp).max(c.nib.as_ref().map_or(0, |n| n.dp)));
         let multi = Multi::new(kern.multi.take());
         let mut e = CudaEngine {
             _ctx: ctx.clone(),
@@ -592,6 +595,7 @@ impl CudaEngine {
                 filter_guesses: [0; 2],
                 cut_queries: 0,
                 cut_retries: 0,
+                nibble_queries: 0,
             },
             fcols: fields::DevFields::new(),
             int8,
@@ -827,6 +831,8 @@ impl CudaEngine {
             fseg: self.batch.filter_seg,
             seq: 0,
             qscale: 1.0,
+            kf: 0,
+            _pad: 0,
             ns: [0; MAX_FILTER_NAMESPACES],
             dst: 0,
         };

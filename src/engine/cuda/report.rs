@@ -39,6 +39,8 @@ pub(super) struct Stats {
     /// again because the cut could have changed the answer.
     pub(super) cut_queries: u64,
     pub(super) cut_retries: u64,
+    /// int8 single queries that took the 4-bit first pass.
+    pub(super) nibble_queries: u64,
 }
 
 pub(super) const FILTER_EMPTY: u8 = 0;
@@ -83,6 +85,9 @@ impl CudaEngine {
                 super::compile::KCUT,
                 s.cut_retries
             );
+        }
+        if s.nibble_queries > 0 && crate::config::tuning_or_default().cuda_report {
+            eprintln!("kalos cuda engine ({}): {} int8 single queries took the 4-bit first pass", self.describe(), s.nibble_queries);
         }
         if self.multi.passes > 0 && crate::config::tuning_or_default().cuda_report {
             eprintln!(

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::compile::{CHUNK, CUT_FLAG, FLAG_CUT, KCUT, KMAX, MCAP, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SMEM_MAIN};
+use super::compile::{Codes, CHUNK, CUT_FLAG, FLAG_CUT, KCUT, KMAX, MCAP, NS_INLINE, NT, PARAMS_BYTES, PARAMS_HEAD, PROF_OFF, SMEM_MAIN};
 use super::kernels::ScanFns;
 use super::table::TableArg;
 use super::{ck, cu_err, CudaEngine, DevBuf, HostBuf, Params, NONE_U32};
@@ -32,7 +32,7 @@ pub(super) const BYVAL_MAX_BYTES: usize = 2048;
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The compact by-value request of `scan_topk_c` (`struct ParamsC` in kernels/scan.cu), which
-/// the query follows: Params' head, the response address and up to NS_INLINE namespaces, 104
+/// the query follows: Params' head, the response address and up to NS_INLINE namespaces, 112
 /// bytes in place of Params' 640. A graph's kernel-node update copies the whole argument, and
 /// on the H200 its size is most of the update's cost (docs/GPU.md).
 #[repr(C)]
@@ -43,7 +43,7 @@ struct ParamsC {
     ns: [u64; NS_INLINE],
 }
 const PARAMS_C_BYTES: usize = std::mem::size_of::<ParamsC>();
-const _: () = assert!(PARAMS_C_BYTES == 104);
+const _: () = assert!(PARAMS_C_BYTES == 112);
 
 impl ParamsC {
     /// The compact form of `p`, when its filter fits (else None).
@@ -113,8 +113,8 @@ pub(super) struct Single {
     pub(super) d_ticket: DevBuf,
     pub(super) cand_cap: usize,
     /// Single-query graphs by (grid, compact argument, table: 0 plain, 1 masked, 2 compact,
-    /// int8 scan), with the table generation they were built for.
-    pub(super) graphs: HashMap<(u32, bool, u8, bool), (u64, Graph)>,
+    /// codes the kernel reads), with the table generation they were built for.
+    pub(super) graphs: HashMap<(u32, bool, u8, Codes), (u64, Graph)>,
     /// A table scanned in place of the device table (a sparse filter's compact rows, with the
     /// compact table's own mask) and the rows scanned.
     pub(super) table_override: Option<(TableArg, usize)>,
@@ -129,7 +129,37 @@ struct Path {
     /// Query floats the kernel reads.
     dp: usize,
     mode: SqMode,
-    int8: bool,
+    codes: Codes,
+}
+
+/// Which single-query scan a search takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Pass {
+    /// The exact scan of the table's rows.
+    Exact,
+    /// The int8 scan over 8-bit codes; `scale` is the query's (`q` holds its integer codes).
+    Int8 { scale: f32 },
+    /// The int8 scan's 4-bit first pass: `k` candidates by 4-bit score, the best `kf` of them
+    /// by 8-bit score returned.
+    Nibble { scale: f32, kf: usize },
+}
+
+impl Pass {
+    fn codes(self) -> Codes {
+        match self {
+            Pass::Exact => Codes::None,
+            Pass::Int8 { .. } => Codes::Int8,
+            Pass::Nibble { .. } => Codes::Nibble,
+        }
+    }
+}
+
+/// The 4-bit first pass's own cut, as its kernel reports it: how many candidates it kept (the
+/// pass's `k` when some matching row was left out) and the 4-bit score of the last.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct NibbleCut {
+    pub(super) count: usize,
+    pub(super) floor_score: f32,
 }
 
 /// Argument pointer array of scan_topk / scan_topk_v / scan_topk_c: `first` points at the first
@@ -209,26 +239,30 @@ impl CudaEngine {
 
     /// Pointers of the single-query kernel's arguments after the first (the input buffer
     /// address in copy mode, the by-value params + query otherwise).
-    fn scan_tail(&self, int8: bool) -> (TableArg, [u64; 4]) {
+    fn scan_tail(&self, codes: Codes) -> (TableArg, [u64; 4]) {
         let mut tab = self.sq.table_override.map_or_else(|| self.table_arg(), |(t, _)| t);
-        if int8 {
-            if let Some(c) = &self.int8 {
-                tab.vecs = c.d_codes.ptr;
-                tab.rscale = c.d_scales.ptr;
+        if let Some(c) = self.int8.as_ref().filter(|_| codes != Codes::None) {
+            tab.vecs = c.d_codes.ptr;
+            tab.rscale = c.d_scales.ptr;
+            if let Some(n) = c.nib.as_ref().filter(|_| codes == Codes::Nibble) {
+                tab.vecs = n.d_codes.ptr;
+                tab.codes8 = c.d_codes.ptr;
             }
         }
         (tab, [self.sq.d_ckey.ptr, self.sq.d_crow.ptr, self.sq.d_ticket.ptr, self.sq.d_out])
     }
 
-    /// The exact scan's single-query path, or (`int8`) the int8 scan's.
-    fn sq_path(&self, int8: bool) -> Result<Path> {
-        match (int8, &self.int8) {
-            (false, _) => Ok(Path { fns: self.kern.scan, dp: self.dp, mode: self.sq.mode, int8 }),
-            (true, Some(c)) => {
-                let mode = if c.fns.topk_v.is_none() || PARAMS_BYTES + c.dp8 * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
-                Ok(Path { fns: c.fns, dp: c.dp8, mode, int8 })
-            }
-            (true, None) => Err(Error::new(Status::Internal, "the int8 scan's kernels are not loaded")),
+    /// The single-query path of the exact scan, the int8 scan or its 4-bit first pass.
+    fn sq_path(&self, codes: Codes) -> Result<Path> {
+        let coded = |fns: ScanFns, dp: usize| {
+            let mode = if fns.topk_v.is_none() || PARAMS_BYTES + dp * 4 > BYVAL_MAX_BYTES { SqMode::Copy } else { SqMode::Graph };
+            Path { fns, dp, mode, codes }
+        };
+        let missing = || Error::new(Status::Internal, "the int8 scan's kernels are not loaded");
+        match codes {
+            Codes::None => Ok(Path { fns: self.kern.scan, dp: self.dp, mode: self.sq.mode, codes }),
+            Codes::Int8 => self.int8.as_ref().map(|c| coded(c.fns, c.dp8)).ok_or_else(missing),
+            Codes::Nibble => self.int8.as_ref().and_then(|c| c.nib.as_ref()).map(|n| coded(n.fns, n.dp)).ok_or_else(missing),
         }
     }
 
@@ -238,7 +272,7 @@ impl CudaEngine {
     fn build_graph(&mut self, grid: u32, compact: bool, path: Path) -> Result<Graph> {
         let smem = (SMEM_MAIN + path.dp * 4) as u32;
         let in_bytes = PARAMS_BYTES + path.dp * 4;
-        let (mut tab, mut tail) = self.scan_tail(path.int8);
+        let (mut tab, mut tail) = self.scan_tail(path.codes);
         // SAFETY: every handle written is a field of the Graph returned (which destroys it) or a
         // local out-pointer; the kernel arguments point at locals alive across the calls that
         // copy them (add kernel node, capture of the launch); h_in and d_in hold in_bytes; the
@@ -281,47 +315,53 @@ impl CudaEngine {
 
     pub(super) fn search_one(&mut self, store: &Store, req: &SearchRequest<'_>, q: &[f32]) -> Result<Vec<Hit>> {
         let mut hits = Vec::new();
-        self.scan_one(store, req, q, req.k.min(KMAX), None, &mut hits)?;
+        self.scan_one(store, req, q, req.k.min(KMAX), Pass::Exact, &mut hits)?;
         Ok(hits)
     }
 
-    /// One single-query kernel: the best `k` rows for `q` into `hits`. With `int8` (the query's
-    /// scale), `q` holds the query's integer codes and the int8 scan's kernel ranks rows by
-    /// approximate score (never written to the client's slot: they are re-ranked first).
+    /// One single-query kernel: the best `k` rows for `q` into `hits`. With the int8 scan's
+    /// passes, `q` holds the query's integer codes and the kernel ranks rows by approximate score
+    /// (never written to the client's slot: they are re-ranked first); the 4-bit first pass
+    /// returns its best `kf` of `k` candidates by 8-bit score, and its own cut.
     pub(super) fn scan_one(
         &mut self,
         store: &Store,
         req: &SearchRequest<'_>,
         q: &[f32],
         k: usize,
-        int8: Option<f32>,
+        pass: Pass,
         hits: &mut Vec<Hit>,
-    ) -> Result<()> {
+    ) -> Result<Option<NibbleCut>> {
         let n = self.sq.table_override.map_or(self.table.len, |(_, n)| n);
-        let path = self.sq_path(int8.is_some())?;
+        let path = self.sq_path(pass.codes())?;
         let grid = self.grid_for(n, k);
         let chunk = n.div_ceil(grid as usize).max(1) as u32;
         self.ensure_cand(grid as usize)?;
         let mut p = self.fill_params(req, store, n, k, grid, chunk);
         // The int8 scan's R candidates: when every block's R would overflow the merge's shared
         // memory, blocks keep KCUT each and the rare answer the cut could change is scanned again.
-        let cut = int8.is_some() && !self.sq.no_cut && k > KCUT && grid as usize * k > MCAP && grid as usize * KCUT >= 4 * k;
+        let cut = pass != Pass::Exact && !self.sq.no_cut && k > KCUT && grid as usize * k > MCAP && grid as usize * KCUT >= 4 * k;
         if cut {
             p.flags |= FLAG_CUT;
         }
         if self.metric == Metric::L2 {
             p.qnorm = q.iter().map(|x| x * x).sum();
         }
-        if let Some(s) = int8 {
-            p.qscale = s;
-        } else {
-            let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
-            p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
+        match pass {
+            Pass::Int8 { scale } => p.qscale = scale,
+            Pass::Nibble { scale, kf } => {
+                p.qscale = scale;
+                p.kf = kf as u32;
+            }
+            Pass::Exact => {
+                let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
+                p.qscale = if qmax > 0.0 { qmax } else { 1.0 };
+            }
         }
         self.sq.seq = self.sq.seq.wrapping_add(1).max(1);
         p.seq = self.sq.seq;
         // The kernel also writes the response body into the client's slot when it is mapped.
-        let direct = req.direct.filter(|_| int8.is_none()).and_then(|d| {
+        let direct = req.direct.filter(|_| pass == Pass::Exact).and_then(|d| {
             let (h, len) = self.slots;
             let (host, cap) = d.dma_target();
             let off = host.checked_sub(h)?;
@@ -334,7 +374,7 @@ impl CudaEngine {
         // Graph mode sends the compact argument when the filter fits it.
         let pc = if path.mode == SqMode::Graph && path.fns.topk_c.is_some() { ParamsC::of(&p) } else { None };
         let table = if self.sq.table_override.is_some() { 2 } else { (self.fcols.active_mask != 0) as u8 };
-        let key = (grid, pc.is_some(), table, path.int8);
+        let key = (grid, pc.is_some(), table, path.codes);
         if self.sq.graphs.get(&key).is_none_or(|(g, _)| *g != self.table.gen) {
             self.sq.graphs.remove(&key);
             let g = self.build_graph(grid, key.1, path)?;
@@ -343,7 +383,7 @@ impl CudaEngine {
         put_request(self.sq.h_in.slice(), &p, pc.as_ref(), q, path.dp);
         let t0 = std::time::Instant::now();
         let smem = (SMEM_MAIN + path.dp * 4) as u32;
-        let (mut tab, mut tail) = self.scan_tail(path.int8);
+        let (mut tab, mut tail) = self.scan_tail(path.codes);
         let mut args = scan_arg_ptrs(self.sq.h_in.ptr as *mut c_void, &mut tab, &mut tail);
         match path.mode {
             SqMode::Graph => {
@@ -394,14 +434,15 @@ impl CudaEngine {
         if cut && word & CUT_FLAG != 0 {
             self.stats.cut_retries += 1;
             self.sq.no_cut = true;
-            let r = self.scan_one(store, req, q, k, int8, hits);
+            let r = self.scan_one(store, req, q, k, pass, hits);
             self.sq.no_cut = false;
             return r;
         }
         self.stats.cut_queries += cut as u64;
         let count = word as usize;
-        if count > k {
-            return Err(Error::new(Status::Cuda, format!("GPU returned {count} hits for k = {k}")));
+        let most = if let Pass::Nibble { kf, .. } = pass { kf } else { k };
+        if count > most {
+            return Err(Error::new(Status::Cuda, format!("GPU returned {count} hits for k = {most}")));
         }
         hits.clear();
         let so = 8 + 8 * k;
@@ -414,7 +455,13 @@ impl CudaEngine {
             d.mark_written(DirectOut::body_len(count));
             self.stats.direct_writes += 1;
         }
-        Ok(())
+        // The 4-bit pass's cut travels in slot k - 1 (its kf < k results come first).
+        Ok(matches!(pass, Pass::Nibble { .. }).then(|| {
+            let l = k - 1;
+            let count = u64::from_le_bytes(out[8 + 8 * l..16 + 8 * l].try_into().unwrap()) as usize;
+            let floor_score = f32::from_le_bytes(out[so + 4 * l..so + 4 * l + 4].try_into().unwrap());
+            NibbleCut { count, floor_score }
+        }))
     }
 
     /// Spins until the kernel has published sequence number `seq` (the server thread polls
@@ -481,6 +528,8 @@ mod tests {
             fseg: 7,
             seq: 41,
             qscale: 1.5,
+            kf: 9,
+            _pad: 0,
             ns,
             dst: 0xdead_beef_0000,
         }

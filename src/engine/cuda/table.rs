@@ -25,6 +25,8 @@ pub(super) struct TableArg {
     pub(super) mask: u64,
     /// The int8 scan's per-row scales (its kernel only; `vecs` then holds the codes).
     pub(super) rscale: u64,
+    /// The int8 scan's 8-bit codes when `vecs` holds its 4-bit first pass's codes.
+    pub(super) codes8: u64,
 }
 
 /// The table mirror: `len` rows of room for `cap_rows`, one buffer per column.
@@ -81,9 +83,14 @@ impl CudaEngine {
         let ns = alloc(new_cap * 8, "namespaces")?;
         let created = alloc(new_cap * 8, "created")?;
         let expires = alloc(new_cap * 8, "expires")?;
-        // The int8 scan's codes and scales, rows of dp8 bytes and 4.
+        // The int8 scan's codes and scales, rows of dp8 bytes and 4, and its first pass's 4-bit
+        // codes.
         let codes = match &self.int8 {
             Some(c) => Some((alloc(new_cap * c.dp8, "int8 codes")?, alloc(new_cap * 4, "int8 scales")?)),
+            None => None,
+        };
+        let nib = match self.int8.as_ref().and_then(|c| c.nib.as_ref()) {
+            Some(nb) => Some(alloc(new_cap * nb.row_bytes, "4-bit codes")?),
             None => None,
         };
         let n = self.table.len;
@@ -103,11 +110,17 @@ impl CudaEngine {
                 copy(d_codes, &c.d_codes, n * c.dp8)?;
                 copy(d_scales, &c.d_scales, n * 4)?;
             }
+            if let (Some(d_nib), Some(nb)) = (&nib, self.int8.as_ref().and_then(|c| c.nib.as_ref())) {
+                copy(d_nib, &nb.d_codes, n * nb.row_bytes)?;
+            }
             self.sync_stream()?;
         }
         if let (Some((d_codes, d_scales)), Some(c)) = (codes, self.int8.as_mut()) {
             c.d_codes = d_codes;
             c.d_scales = d_scales;
+        }
+        if let (Some(d_nib), Some(nb)) = (nib, self.int8.as_mut().and_then(|c| c.nib.as_mut())) {
+            nb.d_codes = d_nib;
         }
         let t = &mut self.table;
         t.d_vecs = vecs;
@@ -132,6 +145,7 @@ impl CudaEngine {
             expires: self.table.d_expires.ptr,
             mask: self.fcols.active_mask,
             rscale: 0,
+            codes8: 0,
         }
     }
 
