@@ -36,6 +36,9 @@ use crate::types::{Metric, Recency};
 /// Largest quantized magnitude (symmetric range, so −128 is never produced).
 pub(crate) const QMAX: f32 = 127.0;
 
+/// Largest magnitude of the GPU's 4-bit first-pass codes (kernels/table.cu, `quantize_rows`).
+pub(crate) const QMAX4: f32 = 7.0;
+
 /// Row stride of quantized codes: rows are zero-padded to a multiple of this many bytes, so SIMD
 /// kernels (16 and 32 lanes) never need a tail.
 pub(crate) const CODE_ALIGN: usize = 32;
@@ -106,11 +109,14 @@ impl QueryCode {
     /// rounding of the exact and the approximate score (`dim` terms each).
     pub(crate) fn bound(&self, dim: usize, t: &QuantStats) -> f32 {
         let quant = 0.5 * (t.max_scale * self.abs_sum + self.scale * t.max_scaled_l1);
-        // |x_i| ≤ 127.5·s_x, so Σ|q_i x_i| ≤ ‖q‖₁·127.5·max_scale; each f32 dot product of
-        // `dim` terms is off by at most dim·ε of that (and the approximate one's integer sum
-        // is exact, its two multiplies 2ε).
-        let round = (dim as f32 + 2.0) * f32::EPSILON * self.abs_sum * (QMAX + 0.5) * t.max_scale;
-        (quant + 2.0 * round) * (1.0 + 1e-5)
+        (quant + 2.0 * self.rounding(dim, t)) * (1.0 + 1e-5)
+    }
+
+    /// The f32 rounding of one score of `dim` terms: |x_i| ≤ 127.5·s_x, so
+    /// Σ|q_i x_i| ≤ ‖q‖₁·127.5·max_scale, and each f32 dot product of `dim` terms is off by at
+    /// most dim·ε of that (an approximate score's integer sum is exact, its two multiplies 2ε).
+    fn rounding(&self, dim: usize, t: &QuantStats) -> f32 {
+        (dim as f32 + 2.0) * f32::EPSILON * self.abs_sum * (QMAX + 0.5) * t.max_scale
     }
 
     /// As [`QueryCode::bound`], for the GPU's 4-bit first pass (`KALOS_INT8_NIBBLE`): each
@@ -120,12 +126,11 @@ impl QueryCode {
     /// plus the f32 rounding of both scores and of `s₄` itself (a few ε of the approximate
     /// score, at most `(‖q‖₁ + dim·s_q/2)·7.5·s₄`).
     pub(crate) fn bound4(&self, dim: usize, t: &QuantStats) -> f32 {
-        let s4 = t.max_scale * (QMAX / 7.0);
+        let s4 = t.max_scale * (QMAX / QMAX4);
         let l1 = t.max_scaled_l1 + dim as f32 * (t.max_scale + s4) / 2.0;
         let quant = 0.5 * (s4 * self.abs_sum + self.scale * l1);
-        let approx = (self.abs_sum + dim as f32 * self.scale / 2.0) * 7.5 * s4;
-        let round = (dim as f32 + 2.0) * f32::EPSILON * self.abs_sum * (QMAX + 0.5) * t.max_scale;
-        (quant + 2.0 * round + 8.0 * f32::EPSILON * approx) * (1.0 + 1e-5)
+        let approx = (self.abs_sum + dim as f32 * self.scale / 2.0) * (QMAX4 + 0.5) * s4;
+        (quant + 2.0 * self.rounding(dim, t) + 8.0 * f32::EPSILON * approx) * (1.0 + 1e-5)
     }
 }
 
@@ -336,7 +341,7 @@ mod tests {
             let (s, l1) = quantize_row(x, &mut c8);
             st.add(s, l1);
             let m = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let c4: Vec<i32> = x.iter().map(|&v| (v * (7.0 / m)).round().clamp(-7.0, 7.0) as i32).collect();
+            let c4: Vec<i32> = x.iter().map(|&v| (v * (QMAX4 / m)).round().clamp(-QMAX4, QMAX4) as i32).collect();
             quant.push((s, c4));
         }
         let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -347,7 +352,7 @@ mod tests {
         for (r, (s, c4)) in quant.iter().enumerate() {
             let exact: f64 = q.iter().zip(&rows[r * dim..(r + 1) * dim]).map(|(&a, &b)| a as f64 * b as f64).sum();
             let dot: i32 = qc.codes[..dim].iter().zip(c4).map(|(&a, &b)| a as i32 * b).sum();
-            let approx = (dot as f32 * (qc.scale * (s * (QMAX / 7.0)))) as f64;
+            let approx = (dot as f32 * (qc.scale * (s * (QMAX / QMAX4)))) as f64;
             worst = worst.max((exact - approx).abs());
         }
         assert!(worst <= b4 as f64, "error {worst} above the bound {b4}");
