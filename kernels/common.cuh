@@ -161,6 +161,18 @@ __device__ __forceinline__ bool row_live(const Table& T, u32 row) {
 #error "the int8 scan needs the query slice in registers (Geometry::of_codes / of_nibbles(dim).qreg)"
 #endif
 
+// Four integer codes (passed as floats) q[0], q[stride], q[2 * stride], q[3 * stride], packed
+// into the bytes of one word, lowest first; elements from the n-th on are zero.
+__device__ __forceinline__ u32 pack4(const float* q, int stride, int n) {
+    u32 w = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int x = j < n ? (int)q[j * stride] : 0;
+        w |= ((u32)x & 0xffu) << (8 * j);
+    }
+    return w;
+}
+
 // Dot product of 16 signed bytes with 16 packed query codes, accumulated exactly in 32 bits.
 __device__ __forceinline__ int dot16i(uint4 v, const u32* q, int acc) {
     asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(v.x), "r"(q[0]));

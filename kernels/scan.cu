@@ -41,17 +41,7 @@ __device__ __noinline__ void rescore8(const Params& P, const uint4* C8, const fl
     const u32 c = X.cnt, k = P.k, kf = P.kf;
     u32* q8 = (u32*)smem;            // the query's codes, four to a word (NV8 * 4 words)
     u32* key8 = q8 + NV8 * 4;        // the candidates' 8-bit keys
-    u64* sid = (u64*)(key8 + NT);    // and ids
-    for (u32 w = t; w < NV8 * 4; w += NT) {
-        u32 x = 0u;
-#pragma unroll
-        for (u32 j = 0; j < 4; j++) {
-            const u32 d = 4 * w + j;
-            const int v = d < DIM ? (int)qg[d] : 0;
-            x |= ((u32)v & 0xffu) << (8 * j);
-        }
-        q8[w] = x;
-    }
+    for (u32 w = t; w < NV8 * 4; w += NT) q8[w] = pack4(qg + 4 * w, 1, (int)min(4u, DIM - min(DIM, 4 * w)));
     __syncthreads();
     // Eight lanes a row, NT / 8 rows at a time; every lane of a warp runs the same trip count.
     const u32 g = t >> 3, gl = t & 7;
@@ -68,20 +58,14 @@ __device__ __noinline__ void rescore8(const Params& P, const uint4* C8, const fl
             const u32 r = X.row[i];
             const float s = row_score((float)a * (P.qscale * rscale[r]), P.qnorm, r, P, norms, created);
             key8[i] = f2key(s);
-            sid[i] = ids[r];
         }
     }
     __syncthreads();
     if (t < c) {
-        const u32 kk = key8[t];
-        const u64 id = sid[t];
-        u32 r = 0;
-        for (u32 j = 0; j < c; j++) {
-            const u32 kj = key8[j];
-            r += (kj > kk || (kj == kk && sid[j] < id)) ? 1u : 0u;
-        }
+        const u32 kk = key8[t], row = X.row[t];
+        const u32 r = rank_of(key8, X.row, 0u, c, t, kk, row, kf, ids);
         if (r < kf) {
-            ((u64*)(out + 8))[r] = id;
+            ((u64*)(out + 8))[r] = ids[row];
             ((float*)(out + 8 + 8 * (size_t)k))[r] = key_score(kk);
         }
     }
@@ -118,15 +102,7 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
     for (int c = 0; c < NCH; c++) {
         int vi = c * GS + lane;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            u32 w = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int x = (vi < NV) ? (int)qg[vi * VEC + 4 * e + j] : 0;
-                w |= ((u32)x & 0xffu) << (8 * j);
-            }
-            qi[c][e] = w;
-        }
+        for (int e = 0; e < 4; e++) qi[c][e] = pack4(qg + vi * VEC + 4 * e, 1, vi < NV ? 4 : 0);
     }
 #elif DTYPE == 4
     // The query's integer codes (passed as floats), four to a word: of each word of 4-bit codes
@@ -139,17 +115,10 @@ __device__ __forceinline__ void scan_topk_body(const Params& P, const float* qg,
         int vi = c * GS + lane;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            u32 we = 0, wo = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int xe = (vi < NV) ? (int)qg[vi * VEC + 8 * e + 2 * j] : 0;
-                const int xo = (vi < NV) ? (int)qg[vi * VEC + 8 * e + 2 * j + 1] : 0;
-                we |= ((u32)xe & 0xffu) << (8 * j);
-                wo |= ((u32)xo & 0xffu) << (8 * j);
-                qadj -= 8 * (xe + xo);
-            }
-            qe[c][e] = we;
-            qo[c][e] = wo;
+            const float* q = qg + vi * VEC + 8 * e;
+            qe[c][e] = pack4(q, 2, vi < NV ? 4 : 0);
+            qo[c][e] = pack4(q + 1, 2, vi < NV ? 4 : 0);
+            qadj -= 8 * (__dp4a((int)qe[c][e], 0x01010101, 0) + __dp4a((int)qo[c][e], 0x01010101, 0));
         }
     }
 #elif HALF2_DOT

@@ -3,6 +3,11 @@
 
 #include "common.cuh"
 
+// The integer code of v at scale inv, clamped to [-q, q] (as a float).
+__device__ __forceinline__ float code_of(float v, float inv, float q) {
+    return fminf(fmaxf(roundf(__fmul_rn(v, inv)), -q), q);
+}
+
 // Stores v at element i of a storage-type array (f32, f16 or bf16 by DTYPE).
 __device__ __forceinline__ void store_elem(void* base, size_t i, float v) {
 #if DTYPE == 0
@@ -62,7 +67,7 @@ extern "C" __global__ void quantize_rows(const u32* __restrict__ rows, const flo
         signed char* o = codes + (size_t)rows[j] * dp8;
         for (u32 c = lane; c < dp8; c += 32) {
             const float v = c < DIM ? x[c] : 0.0f;
-            const float q = zero ? 0.0f : fminf(fmaxf(roundf(__fmul_rn(v, inv)), -127.0f), 127.0f);
+            const float q = zero ? 0.0f : code_of(v, inv, 127.0f);
             o[c] = (signed char)(int)q;
         }
         if (nib) {  // 4-bit codes round(x * 7 / max|x|), stored + 8, two to a byte (low first)
@@ -74,7 +79,7 @@ extern "C" __global__ void quantize_rows(const u32* __restrict__ rows, const flo
                 for (u32 h = 0; h < 2; h++) {
                     const u32 d = 2 * c + h;
                     const float v = d < DIM ? x[d] : 0.0f;
-                    const float q = zero ? 0.0f : fminf(fmaxf(roundf(__fmul_rn(v, inv4)), -7.0f), 7.0f);
+                    const float q = zero ? 0.0f : code_of(v, inv4, 7.0f);
                     b |= (u32)((int)q + 8) << (4 * h);
                 }
                 o4[c] = (unsigned char)b;
