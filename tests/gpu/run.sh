@@ -19,7 +19,9 @@
 # filter: filter_bench.py, 1M x 768 f16 recalls under filters matching 50% .. 0.01% of rows,
 # torch mask-then-topk beside them, and the engine's filtered-search phases (FB_ARGS).
 # int8: int8_bench.py, the int8 scan against the exact scan and torch at 1M x 768 f16 (INT8_ARGS);
-# with embed/ staged (tests/quality/make_bundle.py), real-embedding recall through the GPU too.
+# With embed/ staged (stage.sh's KALOS_EMBED), also the MiniLM embeddings (embed_torch.py on the
+# GPU) and their recall through the GPU's int8 scan with the numpy models beside it
+# (int8_recall.py --backend cuda --dtype f16 --simulate, R in $RECALL_R): $OUT/int8_recall.json.
 # shards: shards_bench.py, device shards: 1M x 768 f16 on one GPU, in 2 shards on it, and G x 1M
 # over the host's G GPUs (G >= 2), torch on one and on G GPUs beside them (SHB_* settings).
 set -u
@@ -129,6 +131,15 @@ if [[ " $WHAT " == *" int8 "* ]]; then
   timeout ${T_INT8:-300} python3 int8_bench.py ${INT8_ARGS:---n 1000000 --dim 768} > "$OUT/int8_bench.log" 2>&1; r=$?
   grep -E "^(\||int8 bench)|Error|Traceback" "$OUT/int8_bench.log" | cut -c1-300
   I_RES="rc=$r"; [ $r -ne 0 ] && RC=1
+  if [ -d embed ]; then
+    { [ -f emb/minilm_manpages.npy ] || timeout ${T_EMBED:-240} python3 embed_torch.py embed emb; } \
+      > "$OUT/embed.log" 2>&1 \
+      && timeout ${T_RECALL:-300} python3 int8_recall.py --npy emb/minilm_manpages.npy --backend cuda \
+        --dtype f16 --simulate --queries 2000 --rerank ${RECALL_R:-10,16,20,32,40,64,80} \
+        --out "$OUT/int8_recall.json" > "$OUT/int8_recall.log" 2>&1; r=$?
+    tail -3 "$OUT/embed.log"; grep -vE "^\s*$" "$OUT/int8_recall.log" | tail -40 | cut -c1-300
+    I_RES="$I_RES, recall rc=$r"; [ $r -ne 0 ] && RC=1
+  fi
 fi
 if [[ " $WHAT " == *" shards "* ]]; then
   timeout ${T_SHARDS:-420} python3 shards_bench.py > "$OUT/shards_bench.log" 2>&1; r=$?

@@ -4,7 +4,8 @@
 # Then, on the device:  bash .gpu/run.sh [correctness|bench|harness|concurrency]...
 # Options (environment): KALOS_BASE_REV, a revision whose library is staged as .gpu/base/ for
 # before/after runs; KALOS_VARIANTS="<name>=<rev> ...", more such revisions, each in .gpu/<name>/;
-# KALOS_PEER_WHEELS, a folder of wheels for cpu_host.sh's faiss peer.
+# KALOS_PEER_WHEELS, a folder of wheels for cpu_host.sh's faiss peer; KALOS_EMBED, a bundle of
+# tests/quality/make_bundle.py (44 MB for the 121k subset), staged as .gpu/embed/ for run.sh int8.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T="${CARGO_TARGET_DIR:-target}"
@@ -23,6 +24,7 @@ cp tests/c/build/harness_gpu .gpu/c_harness
 cp tests/c/build/bench_recall_gpu .gpu/bench_recall
 cp tests/c/build/conc_client_gpu .gpu/conc_client
 cp $T/release/kalosd $T/release/examples/gpu_probe .gpu/
+cp tests/quality/embed_torch.py tests/quality/int8_recall.py .gpu/
 cp -r bindings/python/kalos .gpu/python/
 find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 # The recall fast path's C extension, on CPython's stable ABI: this build serves the machine's
@@ -36,6 +38,9 @@ gcc -O2 -Wall -Wextra -Werror -shared -fPIC \
 # --python-version 3.12 -d DIR`; numpy is the machine's), unpacked there by cpu_host.sh.
 if [ -n "${KALOS_PEER_WHEELS:-}" ]; then
   mkdir -p .gpu/wheels && cp "$KALOS_PEER_WHEELS"/*.whl .gpu/wheels/
+fi
+if [ -n "${KALOS_EMBED:-}" ]; then
+  mkdir -p .gpu/embed && cp "$KALOS_EMBED"/* .gpu/embed/
 fi
 # Libraries of other revisions for before/after runs (run.sh's KALOS_RUN_LIB), each built in a
 # scratch worktree: KALOS_BASE_REV=<rev> into .gpu/base/, and KALOS_VARIANTS="<name>=<rev> ..."
