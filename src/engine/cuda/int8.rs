@@ -73,8 +73,8 @@ impl Int8 {
         }
         let s8 = KernelSpec { codes: Codes::Int8, ..spec.clone() };
         let (module, fns) = Kernels::load_codes(ctx, &s8, g.byval, g.dp)?;
-        // Off unless KALOS_INT8_NIBBLE asks for it (its recall on real embeddings is not
-        // measured yet: docs/GPU.md, "8-bit scan").
+        // Off unless KALOS_INT8_NIBBLE asks for it: its answers are seldom proved exact
+        // (docs/GPU.md, "8-bit scan").
         let count = crate::config::tuning_or_default().int8_nibble.unwrap_or(0).min(MAX_NIBBLE_COUNT);
         let gn = Geometry::of_nibbles(spec.dim);
         let nib = if count >= 2 && gn.qreg {
