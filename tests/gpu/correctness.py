@@ -43,6 +43,17 @@ def record(test, ok, **kw):
         print("FAIL", test, json.dumps({k: v for k, v in kw.items() if k not in ("test", "ok")}, default=str)[:1500], flush=True)
 
 
+def record_nibble_scores(test, got, want, atol, l2=False):
+    """A 4-bit first pass answer (KALOS_INT8_NIBBLE) against the CPU engine's int8 answer `want`:
+    distinct ids ranked by score, and the same score wherever the ids agree. Returns the count of
+    agreeing ids."""
+    _, gi, wi = np.intersect1d(got[0], want[0], return_indices=True)
+    gkey = -got[1] if l2 else got[1]
+    record(test + "/nibble-scores", len(set(got[0].tolist())) == len(got[0]) and bool(np.all(np.diff(gkey) <= 0))
+           and np.allclose(got[1][gi], want[1][wi], rtol=0, atol=atol), got=got[0][:5].tolist(), want=want[0][:5].tolist())
+    return len(gi)
+
+
 def on_gpu(sts):
     """Whether a store's stats show it served from the GPU (always true off the CUDA backend): a
     GPU failure would be answered by the CPU engine (exact f32), passing the bars untested."""
@@ -1017,10 +1028,7 @@ def suite_int8(n=100_000, nq=8):
                     if sts.engine == CUDA and 2 <= nib_count and r < nib_count and dim <= 1024:
                         nib_total += 1
                         nib_same += same
-                        common, gi, wi = np.intersect1d(got[0], want[0], return_indices=True)
-                        gkey = -got[1] if metric == L2 else got[1]
-                        record(t + "/nibble-scores", len(set(got[0].tolist())) == len(got[0]) and bool(np.all(np.diff(gkey) <= 0))
-                               and np.allclose(got[1][gi], want[1][wi], rtol=0, atol=atol), got=got[0][:5].tolist(), want=want[0][:5].tolist())
+                        record_nibble_scores(t, got, want, atol, l2=metric == L2)
                         sc, rid = ref.scores(q), ref.ids
                         if mask is not None:
                             sc, rid = sc[mask], rid[mask]
@@ -1097,10 +1105,7 @@ def suite_int8_cut(n=60_000, dim=128, run=400, nq=6):
                 t = "%s/q%d%s/k=%d" % (tag, qi, "/near" if near else "", k)
                 atol = 1e-6 * (1 + np.abs(want[1]).max(initial=0))
                 if nibble and max(8 * k, 64) < nib_count:
-                    _, gi, wi = np.intersect1d(got[0], want[0], return_indices=True)
-                    record(t + "/nibble-scores", len(set(got[0].tolist())) == len(got[0]) and bool(np.all(np.diff(got[1]) <= 0))
-                           and np.allclose(got[1][gi], want[1][wi], rtol=0, atol=atol), got=got[0][:5].tolist(), want=want[0][:5].tolist())
-                    agree.append(len(gi) / max(1, len(want[0])))
+                    agree.append(record_nibble_scores(t, got, want, atol) / max(1, len(want[0])))
                 else:
                     same = np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1], rtol=0, atol=atol)
                     record(t + "/same-as-cpu", same, got=got[0][:5].tolist(), want=want[0][:5].tolist())
